@@ -1,0 +1,434 @@
+//! Reading and writing resources as YAML (multi-document) and JSON, including list kinds.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::resource::{API_GROUP, API_VERSION, Kind, Resource};
+use crate::suggest::closest;
+
+/// Where a document sits in its input: the document number (1-based) and, for an item of a
+/// list kind, its index in `items`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DocPosition {
+    pub document: usize,
+    pub item: Option<usize>,
+}
+
+impl std::fmt::Display for DocPosition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.item {
+            Some(i) => write!(f, "document {} item {}", self.document, i),
+            None => write!(f, "document {}", self.document),
+        }
+    }
+}
+
+/// One document of an input, decoded or not.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    pub position: DocPosition,
+    /// `kind` as written, when the document has one.
+    pub kind: Option<String>,
+    /// `metadata.name` as written, when present.
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    pub result: Result<Resource, DecodeError>,
+}
+
+impl Decoded {
+    /// `Kind/name` (or `Kind/namespace/name`) for messages, with placeholders for what is missing.
+    pub fn label(&self) -> String {
+        let kind = self.kind.as_deref().unwrap_or("<no kind>");
+        let name = self.name.as_deref().unwrap_or("<no name>");
+        match self.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => format!("{kind}/{ns}/{name}"),
+            _ => format!("{kind}/{name}"),
+        }
+    }
+}
+
+/// Why a document could not be decoded into a resource.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("the document is not a mapping (expected apiVersion, kind, metadata, spec)")]
+    NotAMapping,
+    #[error("kind: missing (expected one of the projectcalico.org/v3 kinds, e.g. kind: IPPool)")]
+    MissingKind,
+    #[error("kind: unknown kind {kind:?}{}", hint(.suggestion))]
+    UnknownKind {
+        kind: String,
+        suggestion: Option<String>,
+    },
+    #[error("apiVersion: {found:?} is not supported (use apiVersion: projectcalico.org/v3)")]
+    ApiVersion { found: String },
+    #[error("{path}: {message}")]
+    Field { path: String, message: String },
+}
+
+fn hint(suggestion: &Option<String>) -> String {
+    match suggestion {
+        Some(s) => format!(" (did you mean {s:?}?)"),
+        None => String::new(),
+    }
+}
+
+/// The input is not well-formed YAML or JSON, so its documents cannot be told apart.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct SyntaxError {
+    pub message: String,
+}
+
+/// Splits `input` (YAML, possibly several `---`-separated documents, or JSON, possibly several
+/// concatenated objects) into documents and decodes each. List kinds (`IPPoolList`, `List`)
+/// are expanded into their items. Empty documents are skipped.
+pub fn decode_documents(input: &str) -> Result<Vec<Decoded>, SyntaxError> {
+    let values = parse_values(input)?;
+    let mut out = Vec::new();
+    for (i, value) in values.into_iter().enumerate() {
+        let document = i + 1;
+        if value.is_null() {
+            continue;
+        }
+        decode_document(value, document, &mut out);
+    }
+    Ok(out)
+}
+
+/// Decodes exactly one resource (the common case for programmatic use).
+pub fn decode_one(input: &str) -> Result<Resource, String> {
+    let docs = decode_documents(input).map_err(|e| e.to_string())?;
+    match docs.len() {
+        1 => docs
+            .into_iter()
+            .next()
+            .map(|d| d.result.map_err(|e| e.to_string()))
+            .unwrap_or_else(|| Err("no document found".to_string())),
+        0 => Err("no document found".to_string()),
+        n => Err(format!("expected one document, found {n}")),
+    }
+}
+
+/// Decodes a resource from a JSON value (as stored in the datastore).
+pub fn decode_value(value: Value) -> Result<Resource, DecodeError> {
+    let kind_name = match value.get("kind") {
+        Some(Value::String(k)) => k.clone(),
+        Some(_) | None => return Err(DecodeError::MissingKind),
+    };
+    decode_with_kind(value, &kind_name, "")
+}
+
+fn parse_values(input: &str) -> Result<Vec<Value>, SyntaxError> {
+    let trimmed = input.trim_start();
+    if trimmed.starts_with('{') || trimmed.starts_with('[') {
+        let mut values = Vec::new();
+        for v in serde_json::Deserializer::from_str(input).into_iter::<Value>() {
+            let v = v.map_err(|e| SyntaxError {
+                message: format!("invalid JSON: {e}"),
+            })?;
+            // A top-level JSON array is a list of resources.
+            match v {
+                Value::Array(items) => values.extend(items),
+                other => values.push(other),
+            }
+        }
+        return Ok(values);
+    }
+    let mut values = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(input) {
+        let v = <Value as serde::Deserialize>::deserialize(doc).map_err(|e| SyntaxError {
+            message: format!("invalid YAML: {e}"),
+        })?;
+        values.push(v);
+    }
+    Ok(values)
+}
+
+fn decode_document(value: Value, document: usize, out: &mut Vec<Decoded>) {
+    let position = DocPosition {
+        document,
+        item: None,
+    };
+    let Value::Object(map) = &value else {
+        out.push(failed(position, &value, DecodeError::NotAMapping));
+        return;
+    };
+    let kind_name = match map.get("kind") {
+        Some(Value::String(k)) => k.clone(),
+        _ => {
+            out.push(failed(position, &value, DecodeError::MissingKind));
+            return;
+        }
+    };
+    let item_kind = if kind_name == "List" {
+        Some(None)
+    } else {
+        Kind::from_list_name(&kind_name).map(Some)
+    };
+    let Some(item_kind) = item_kind else {
+        let result = decode_with_kind(value.clone(), &kind_name, "");
+        out.push(decoded(position, &value, result));
+        return;
+    };
+    // A list: check the list's own apiVersion, then decode every item.
+    if let Err(e) = check_api_version(map.get("apiVersion"), "") {
+        out.push(failed(position, &value, e));
+        return;
+    }
+    if let Some(unknown) = map
+        .keys()
+        .find(|k| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata" | "items"))
+    {
+        out.push(failed(
+            position,
+            &value,
+            DecodeError::Field {
+                path: unknown.clone(),
+                message: format!("unknown field {unknown:?} in a list (expected apiVersion, kind, metadata, items)"),
+            },
+        ));
+        return;
+    }
+    let items = match map.get("items") {
+        Some(Value::Array(items)) => items.clone(),
+        None | Some(Value::Null) => Vec::new(),
+        Some(_) => {
+            out.push(failed(
+                position,
+                &value,
+                DecodeError::Field {
+                    path: "items".into(),
+                    message: "must be a list of resources".into(),
+                },
+            ));
+            return;
+        }
+    };
+    for (i, mut item) in items.into_iter().enumerate() {
+        let position = DocPosition {
+            document,
+            item: Some(i),
+        };
+        let prefix = format!("items[{i}].");
+        // Items of a typed list may leave out their kind and apiVersion.
+        if let (Some(kind), Value::Object(m)) = (item_kind, &mut item) {
+            m.entry("kind")
+                .or_insert_with(|| Value::String(kind.name().to_string()));
+            m.entry("apiVersion")
+                .or_insert_with(|| Value::String(API_VERSION.to_string()));
+        }
+        let result = match item.get("kind") {
+            Some(Value::String(k)) => {
+                let k = k.clone();
+                decode_with_kind(item.clone(), &k, &prefix)
+            }
+            _ if item.is_object() => Err(DecodeError::MissingKind),
+            _ => Err(DecodeError::NotAMapping),
+        };
+        out.push(decoded(position, &item, result));
+    }
+}
+
+fn decode_with_kind(value: Value, kind_name: &str, prefix: &str) -> Result<Resource, DecodeError> {
+    let kind = Kind::from_name(kind_name).ok_or_else(|| DecodeError::UnknownKind {
+        kind: kind_name.to_string(),
+        suggestion: suggest_kind(kind_name),
+    })?;
+    check_api_version(value.get("apiVersion"), prefix)?;
+    // serde would read a list as a struct's fields in order and report a confusing error
+    // inside it; say plainly that a mapping was expected.
+    for section in ["metadata", "spec", "status"] {
+        if let Some(v) = value.get(section)
+            && !(v.is_object() || v.is_null())
+        {
+            return Err(DecodeError::Field {
+                path: format!("{prefix}{section}"),
+                message: format!("must be a mapping of fields, found {}", json_type(v)),
+            });
+        }
+    }
+    Resource::from_value_of_kind(kind, value).map_err(|e| field_error(&e, prefix))
+}
+
+fn json_type(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+fn check_api_version(found: Option<&Value>, prefix: &str) -> Result<(), DecodeError> {
+    match found {
+        Some(Value::String(v)) if v == API_VERSION => Ok(()),
+        Some(Value::String(v)) => Err(DecodeError::ApiVersion { found: v.clone() }),
+        Some(other) => Err(DecodeError::Field {
+            path: format!("{prefix}apiVersion"),
+            message: format!("must be the string {API_VERSION:?}, found {other}"),
+        }),
+        None => Err(DecodeError::Field {
+            path: format!("{prefix}apiVersion"),
+            message: format!("missing (add apiVersion: {API_VERSION})"),
+        }),
+    }
+}
+
+fn suggest_kind(name: &str) -> Option<String> {
+    if let Some(k) = Kind::from_alias(name) {
+        return Some(k.name().to_string());
+    }
+    if name.starts_with(API_GROUP) {
+        return None;
+    }
+    closest(name, Kind::ALL.iter().map(|k| k.name())).map(str::to_string)
+}
+
+/// Turns serde's error for a field into a path and a message an operator can act on.
+fn field_error(e: &serde_path_to_error::Error<serde_json::Error>, prefix: &str) -> DecodeError {
+    let mut path = String::from(prefix);
+    path.push_str(&render_path(e.path()));
+    let raw = e.inner().to_string();
+    // serde says "unknown field `x`, expected one of `a`, `b`": name the field in the path and
+    // suggest the closest valid name.
+    if let Some(rest) = raw.strip_prefix("unknown field `")
+        && let Some((field, expected)) = rest.split_once('`')
+    {
+        let candidates: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        // serde_path_to_error already ends the path with the unknown key.
+        let named = path == field || path.ends_with(&format!(".{field}"));
+        if !named {
+            if !path.is_empty() && !path.ends_with('.') {
+                path.push('.');
+            }
+            path.push_str(field);
+        }
+        let message = match closest(field, candidates.iter().copied()) {
+            Some(s) => format!("unknown field {field:?} (did you mean {s:?}?)"),
+            None => format!("unknown field {field:?}"),
+        };
+        return DecodeError::Field { path, message };
+    }
+    if let Some(rest) = raw.strip_prefix("missing field `")
+        && let Some((field, _)) = rest.split_once('`')
+    {
+        if !path.is_empty() && !path.ends_with('.') {
+            path.push('.');
+        }
+        path.push_str(field);
+        return DecodeError::Field {
+            path,
+            message: "required field is missing".into(),
+        };
+    }
+    if path.is_empty() {
+        path.push_str("<document>");
+    }
+    DecodeError::Field { path, message: raw }
+}
+
+/// Fields whose keys are data (label names), not field names: their keys render as `["key"]`.
+const FREE_FORM_MAPS: [&str; 5] = [
+    "labels",
+    "annotations",
+    "labelsToApply",
+    "bpfLogFilters",
+    "environmentVars",
+];
+
+fn render_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    let mut parent: Option<&str> = None;
+    for seg in path.iter() {
+        match seg {
+            Segment::Seq { index } => {
+                out.push_str(&format!("[{index}]"));
+                parent = None;
+            }
+            Segment::Map { key } => {
+                let data_key = parent.is_some_and(|p| FREE_FORM_MAPS.contains(&p));
+                parent = Some(key.as_str());
+                let plain = !data_key
+                    && !key.is_empty()
+                    && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+                if plain {
+                    if !out.is_empty() {
+                        out.push('.');
+                    }
+                    out.push_str(key);
+                } else {
+                    out.push_str(&format!("[{key:?}]"));
+                }
+            }
+            Segment::Enum { variant } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(variant);
+            }
+            Segment::Unknown => {}
+        }
+    }
+    // serde_path_to_error reports "." for the root.
+    if out == "." { String::new() } else { out }
+}
+
+fn failed(position: DocPosition, value: &Value, error: DecodeError) -> Decoded {
+    decoded(position, value, Err(error))
+}
+
+fn decoded(position: DocPosition, value: &Value, result: Result<Resource, DecodeError>) -> Decoded {
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_string);
+    Decoded {
+        position,
+        kind: text(value.get("kind")),
+        name: text(value.get("metadata").and_then(|m| m.get("name"))),
+        namespace: text(value.get("metadata").and_then(|m| m.get("namespace"))),
+        result,
+    }
+}
+
+/// Could not serialise a resource (not expected for well-formed values).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot encode resource: {0}")]
+pub struct EncodeError(String);
+
+/// One resource as YAML.
+pub fn to_yaml<T: Serialize>(resource: &T) -> Result<String, EncodeError> {
+    serde_norway::to_string(resource).map_err(|e| EncodeError(e.to_string()))
+}
+
+/// One resource as JSON, indented when `pretty`.
+pub fn to_json<T: Serialize>(resource: &T, pretty: bool) -> Result<String, EncodeError> {
+    let r = if pretty {
+        serde_json::to_string_pretty(resource)
+    } else {
+        serde_json::to_string(resource)
+    };
+    r.map_err(|e| EncodeError(e.to_string()))
+}
+
+/// Several resources of one kind as a list document (`kind: IPPoolList`), as calicoctl prints
+/// them; mixed kinds use the generic `List`.
+pub fn to_list_value(resources: &[Resource]) -> Result<Value, EncodeError> {
+    let first = resources.first().map(Resource::kind);
+    let same_kind = first.is_some_and(|k| resources.iter().all(|r| r.kind() == k));
+    let kind = match first {
+        Some(k) if same_kind => k.list_name(),
+        _ => "List",
+    };
+    let items = resources
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| EncodeError(e.to_string()))?;
+    Ok(serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": kind,
+        "items": items,
+        "metadata": {},
+    }))
+}

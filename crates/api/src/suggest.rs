@@ -1,0 +1,43 @@
+//! "Did you mean …?" suggestions for misspelled names.
+
+/// The candidate closest to `input` by edit distance (ignoring case), when it is close enough
+/// to be a plausible typo.
+pub fn closest<'a>(input: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let needle = input.to_ascii_lowercase();
+    let limit = (needle.chars().count() / 3).clamp(1, 3);
+    candidates
+        .into_iter()
+        .map(|c| (edit_distance(&needle, &c.to_ascii_lowercase()), c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance over chars.
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    let mut cur = vec![0; b.len() + 1];
+    for (i, ca) in a.chars().enumerate() {
+        cur[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = substitution.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        std::mem::swap(&mut prev, &mut cur);
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_near_names_only() {
+        assert_eq!(edit_distance("cidr", "cidrr"), 1);
+        assert_eq!(closest("cidrr", ["cidr", "blockSize"]), Some("cidr"));
+        assert_eq!(closest("natoutgoing", ["natOutgoing"]), Some("natOutgoing"));
+        assert_eq!(closest("zzzzzz", ["cidr", "blockSize"]), None);
+    }
+}

@@ -1,0 +1,89 @@
+//! `margay ctl validate -f FILE|-`.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use clap::Args;
+use margay_api::codec::decode_documents;
+
+use crate::{EXIT_INVALID, EXIT_OK, EXIT_USAGE};
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// A YAML or JSON file of resources (several documents and list kinds are fine); `-` reads
+    /// standard input. Repeat to check several files.
+    #[arg(short = 'f', long = "filename", value_name = "FILE", required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+pub fn run(
+    args: &ValidateArgs,
+    stdin: &mut dyn Read,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> std::io::Result<u8> {
+    let mut documents = 0usize;
+    let mut invalid = 0usize;
+    let mut unreadable = false;
+    for file in &args.files {
+        let (label, text) = if file.as_os_str() == "-" {
+            let mut s = String::new();
+            if let Err(e) = stdin.read_to_string(&mut s) {
+                writeln!(err, "error: cannot read standard input: {e}")?;
+                unreadable = true;
+                continue;
+            }
+            ("<stdin>".to_string(), s)
+        } else {
+            match std::fs::read_to_string(file) {
+                Ok(s) => (file.display().to_string(), s),
+                Err(e) => {
+                    writeln!(err, "error: cannot read {}: {e}", file.display())?;
+                    unreadable = true;
+                    continue;
+                }
+            }
+        };
+        let decoded = match decode_documents(&text) {
+            Ok(d) => d,
+            Err(e) => {
+                writeln!(out, "{label}: {e}")?;
+                invalid += 1;
+                continue;
+            }
+        };
+        if decoded.is_empty() {
+            writeln!(out, "{label}: no resources found")?;
+            invalid += 1;
+            continue;
+        }
+        for d in &decoded {
+            documents += 1;
+            let prefix = format!("{label} [{}] {}", d.position, d.label());
+            match &d.result {
+                Err(e) => {
+                    invalid += 1;
+                    writeln!(out, "{prefix}: {e}")?;
+                }
+                Ok(resource) => {
+                    if let Err(errors) = resource.validate() {
+                        invalid += 1;
+                        for e in errors.iter() {
+                            writeln!(out, "{prefix}: {e}")?;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if unreadable {
+        return Ok(EXIT_USAGE);
+    }
+    if invalid > 0 {
+        writeln!(err, "{invalid} of {documents} documents are invalid")?;
+        Ok(EXIT_INVALID)
+    } else {
+        writeln!(out, "{documents} documents are valid")?;
+        Ok(EXIT_OK)
+    }
+}

@@ -1,0 +1,204 @@
+//! The `margay ctl` commands, run as the real binary.
+#![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
+
+use std::path::PathBuf;
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn margay() -> Command {
+    Command::cargo_bin("margay").expect("margay binary")
+}
+
+fn repo_file(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+fn conformance() -> Value {
+    let path = repo_file("crates/selector/tests/data/calico-selector-cases.json");
+    serde_json::from_str(&std::fs::read_to_string(path).expect("conformance data")).expect("json")
+}
+
+fn label_args(labels: &Value) -> Vec<String> {
+    labels
+        .as_object()
+        .expect("label map")
+        .iter()
+        .flat_map(|(k, v)| {
+            [
+                "--label".to_string(),
+                format!("{k}={}", v.as_str().expect("string")),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn selector_check_agrees_with_every_calico_match_case() {
+    let data = conformance();
+    let mut checks = 0;
+    for case in data["match_tests"].as_array().expect("match_tests") {
+        let sel = case["selector"].as_str().expect("selector");
+        for (key, want) in [("matches", "true\n"), ("non_matches", "false\n")] {
+            for labels in case[key].as_array().expect("label sets") {
+                margay()
+                    .args(["ctl", "selector", "check", sel])
+                    .args(label_args(labels))
+                    .assert()
+                    .success()
+                    .stdout(want.to_string());
+                checks += 1;
+            }
+        }
+    }
+    assert!(checks >= 98, "only {checks} checks ran");
+}
+
+#[test]
+fn selector_canonical_agrees_with_every_calico_case() {
+    let data = conformance();
+    let cases = data["canonicalisation"].as_array().expect("cases");
+    assert!(cases.len() >= 17);
+    for case in cases {
+        let input = case["input"].as_str().expect("input");
+        let canonical = case["canonical"].as_str().expect("canonical");
+        // Calico's table gives the UniqueID for some inputs only.
+        let uid = case["uid"].as_str().unwrap_or_default();
+        let out = margay()
+            .args(["ctl", "selector", "canonical", input])
+            .assert()
+            .success()
+            .get_output()
+            .clone();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 2, "{input:?}: {stdout}");
+        assert_eq!(lines[0], canonical, "{input:?}");
+        assert!(
+            lines[1].starts_with("s:") && lines[1].len() == 40,
+            "{input:?}: {}",
+            lines[1]
+        );
+        if !uid.is_empty() {
+            assert_eq!(lines[1], uid, "{input:?}");
+        }
+    }
+}
+
+#[test]
+fn invalid_selectors_exit_2_with_position_and_expectation() {
+    let data = conformance();
+    for bad in data["bad_selectors"].as_array().expect("bad") {
+        let sel = bad.as_str().expect("string");
+        for cmd in [
+            &["ctl", "selector", "check", sel][..],
+            &["ctl", "selector", "canonical", sel][..],
+        ] {
+            let out = margay().args(cmd).assert().code(2).get_output().clone();
+            assert!(out.stdout.is_empty(), "{sel:?}: nothing on stdout");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("at position") && err.contains("expected"),
+                "{sel:?}: {err}"
+            );
+        }
+    }
+}
+
+#[test]
+fn selector_label_must_be_key_value() {
+    margay()
+        .args(["ctl", "selector", "check", "a == 'b'", "--label", "novalue"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("KEY=VALUE"));
+}
+
+#[test]
+fn validate_accepts_valid_files_and_stdin() {
+    margay()
+        .args(["ctl", "validate", "-f"])
+        .arg(repo_file("examples/cluster.yaml"))
+        .assert()
+        .success()
+        .stdout("4 documents are valid\n");
+    let json = r#"{"apiVersion":"projectcalico.org/v3","kind":"IPPool","metadata":{"name":"p"},"spec":{"cidr":"10.1.0.0/16"}}"#;
+    margay()
+        .args(["ctl", "validate", "-f", "-"])
+        .write_stdin(json)
+        .assert()
+        .success()
+        .stdout("1 documents are valid\n");
+}
+
+#[test]
+fn validate_names_every_problem_and_exits_1() {
+    let out = margay()
+        .args(["ctl", "validate", "-f"])
+        .arg(repo_file("examples/broken.yaml"))
+        .assert()
+        .code(1)
+        .get_output()
+        .clone();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "[document 1] IPPool/pods-v4: spec.cidr: \"10.244.0.0/33\" is not a valid CIDR",
+        "[document 1] IPPool/pods-v4: spec.vxlanMode: ipipMode and vxlanMode cannot both be enabled",
+        "[document 2] IPPool/typo: spec.natOutgong: unknown field \"natOutgong\" (did you mean \"natOutgoing\"?)",
+        "[document 3] GlobalNetworkPolicy/Allow_Ping: metadata.name:",
+        "[document 3] GlobalNetworkPolicy/Allow_Ping: spec.selector: invalid selector",
+        "[document 3] GlobalNetworkPolicy/Allow_Ping: spec.ingress[0].icmp: icmp requires protocol ICMP or ICMPv6",
+        "[document 3] GlobalNetworkPolicy/Allow_Ping: spec.ingress[0].source.nets[0]:",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+    assert_eq!(stdout.lines().count(), 7, "{stdout}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("3 of 3 documents are invalid"));
+}
+
+#[test]
+fn validate_reports_unreadable_files_with_exit_2() {
+    margay()
+        .args(["ctl", "validate", "-f", "/nonexistent/margay.yaml"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains(
+            "cannot read /nonexistent/margay.yaml",
+        ));
+}
+
+#[test]
+fn validate_reports_syntax_errors_and_unknown_kinds() {
+    margay()
+        .args(["ctl", "validate", "-f", "-"])
+        .write_stdin("apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: [unclosed\n")
+        .assert()
+        .code(1)
+        .stdout(predicates::str::contains("invalid YAML"));
+    margay()
+        .args(["ctl", "validate", "-f", "-"])
+        .write_stdin("apiVersion: projectcalico.org/v3\nkind: IPPol\nmetadata: {name: x}\n")
+        .assert()
+        .code(1)
+        .stdout(predicates::str::contains(
+            "unknown kind \"IPPol\" (did you mean \"IPPool\"?)",
+        ));
+}
+
+#[cfg(unix)]
+#[test]
+fn calicoctl_link_behaves_as_margay_ctl() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let link = dir.path().join("calicoctl");
+    std::os::unix::fs::symlink(assert_cmd::cargo::cargo_bin("margay"), &link).expect("symlink");
+    Command::new(&link)
+        .args(["selector", "canonical", ""])
+        .assert()
+        .success()
+        .stdout("all()\ns:5y5I3VdRZfDU01O--xXAPx2yxCQQqMf0M6IWug\n");
+}
