@@ -33,7 +33,7 @@ pub enum CtlCommand {
     /// Check projectcalico.org/v3 resource files without applying them.
     ///
     /// Every document of every file is decoded and validated; each problem is printed on its
-    /// own line as `FILE [doc N] KIND/NAME: FIELD.PATH: what is wrong`. Exits 1 if any
+    /// own line as `FILE [document N] KIND/NAME: FIELD.PATH: what is wrong`. Exits 1 if any
     /// document is invalid, 0 if all are valid, 2 if a file cannot be read.
     Validate(validate_cmd::ValidateArgs),
 }

@@ -10,7 +10,13 @@ use clap::{Parser, Subcommand};
 
 /// margay: Kubernetes node networking and network policy, compatible with Project Calico.
 #[derive(Debug, Parser)]
-#[command(name = "margay", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "margay",
+    version,
+    about = "margay: Kubernetes node networking and network policy, compatible with Project Calico",
+    long_about = None,
+    propagate_version = true
+)]
 struct Cli {
     /// Log level for diagnostics on stderr: error, warn, info, debug or trace.
     #[arg(
