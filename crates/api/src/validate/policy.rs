@@ -266,50 +266,47 @@ fn rule(v: &mut Validator, p: Path<'_>, owner: Owner, dir: Direction, r: &Rule) 
         }
     }
 
-    entity(v, src, owner, &r.source);
-    entity(v, dst, owner, &r.destination);
+    entity(v, src, &r.source);
+    entity(v, dst, &r.destination);
 
     // services appear only on the remote side: source for ingress, destination for egress.
-    match dir {
-        Direction::Ingress => {
-            if r.destination.services.is_some() {
-                v.err(
-                    dst.field("services"),
-                    "not allowed in an ingress rule's destination (use source)",
-                );
-            }
-            if owner == Owner::Global
-                && let Some(svc) = &r.source.services
-                && svc.namespace.is_empty()
-            {
-                v.err(
-                    src.field("services").field("namespace"),
-                    "required in a global policy (which namespace is the service in?)",
-                );
-            }
-        }
-        Direction::Egress => {
-            if r.source.services.is_some() {
-                v.err(
-                    src.field("services"),
-                    "not allowed in an egress rule's source (use destination)",
-                );
-            }
-            if owner == Owner::Global
-                && let Some(svc) = &r.destination.services
-                && svc.namespace.is_empty()
-            {
-                v.err(
-                    dst.field("services").field("namespace"),
-                    "required in a global policy (which namespace is the service in?)",
-                );
-            }
-            if r.http.is_some() && owner != Owner::Profile {
-                v.err(
-                    p.field("http"),
-                    "HTTP matches are only allowed in ingress rules",
-                );
-            }
+    let ((remote_name, remote_path, remote), (local_name, local_path, local)) = match dir {
+        Direction::Ingress => (
+            ("source", src, &r.source),
+            ("destination", dst, &r.destination),
+        ),
+        Direction::Egress => (
+            ("destination", dst, &r.destination),
+            ("source", src, &r.source),
+        ),
+    };
+    let direction = if dir == Direction::Ingress {
+        "an ingress"
+    } else {
+        "an egress"
+    };
+    if local.services.is_some() {
+        v.err(
+            local_path.field("services"),
+            format!("not allowed in {direction} rule's {local_name} (use {remote_name})"),
+        );
+    }
+    if owner == Owner::Global
+        && let Some(svc) = &remote.services
+        && svc.namespace.is_empty()
+    {
+        let sp = remote_path.field("services");
+        v.err(
+            sp.field("namespace"),
+            "required in a global policy (which namespace is the service in?)",
+        );
+    }
+    if dir == Direction::Egress {
+        if r.http.is_some() && owner != Owner::Profile {
+            v.err(
+                p.field("http"),
+                "HTTP matches are only allowed in ingress rules",
+            );
         }
     }
     if r.destination.services.is_some()
@@ -445,7 +442,7 @@ fn nets_field(
     families.1 |= v6;
 }
 
-fn entity(v: &mut Validator, p: Path<'_>, _owner: Owner, e: &EntityRule) {
+fn entity(v: &mut Validator, p: Path<'_>, e: &EntityRule) {
     v.selector_without_global(&e.selector, p.field("selector"), "a rule selector");
     v.selector_without_global(
         &e.not_selector,
