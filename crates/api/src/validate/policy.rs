@@ -301,13 +301,11 @@ fn rule(v: &mut Validator, p: Path<'_>, owner: Owner, dir: Direction, r: &Rule) 
             "required in a global policy (which namespace is the service in?)",
         );
     }
-    if dir == Direction::Egress {
-        if r.http.is_some() && owner != Owner::Profile {
-            v.err(
-                p.field("http"),
-                "HTTP matches are only allowed in ingress rules",
-            );
-        }
+    if dir == Direction::Egress && r.http.is_some() && owner != Owner::Profile {
+        v.err(
+            p.field("http"),
+            "HTTP matches are only allowed in ingress rules",
+        );
     }
     if r.destination.services.is_some()
         && (!r.destination.ports.is_empty() || !r.destination.not_ports.is_empty())
