@@ -1,0 +1,178 @@
+//! The key/value backend contract every datastore implements (etcd v3 semantics).
+//!
+//! Keys are paths (`/calico/resources/v3/projectcalico.org/ippools/default-ipv4-ippool`),
+//! values are bytes (resources are stored as JSON). Every write is assigned a store-wide,
+//! strictly increasing revision; a key's `mod_revision` is its resourceVersion.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::error::{DatastoreError, Result};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: String,
+    pub value: Vec<u8>,
+    /// Revision of the write that created the key.
+    pub create_revision: i64,
+    /// Revision of the last write to the key.
+    pub mod_revision: i64,
+}
+
+/// One change seen by a watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEvent {
+    /// The key was created (`prev` is None) or modified.
+    Put { kv: KeyValue, prev: Option<KeyValue> },
+    /// The key was deleted (explicitly or because its TTL expired) at `revision`.
+    Delete {
+        key: String,
+        revision: i64,
+        prev: Option<KeyValue>,
+    },
+}
+
+impl KvEvent {
+    pub fn key(&self) -> &str {
+        match self {
+            KvEvent::Put { kv, .. } => &kv.key,
+            KvEvent::Delete { key, .. } => key,
+        }
+    }
+
+    pub fn revision(&self) -> i64 {
+        match self {
+            KvEvent::Put { kv, .. } => kv.mod_revision,
+            KvEvent::Delete { revision, .. } => *revision,
+        }
+    }
+}
+
+/// Every live key under a prefix, and the store revision the listing is consistent with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListResult {
+    pub kvs: Vec<KeyValue>,
+    pub revision: i64,
+}
+
+/// What a watch delivers: batches of events in revision order, or the error that ended it.
+pub type WatchItem = Result<Vec<KvEvent>>;
+
+/// A running watch. Dropping it stops the watch.
+pub struct Watch {
+    rx: mpsc::Receiver<WatchItem>,
+    task: Option<tokio::task::AbortHandle>,
+}
+
+impl Watch {
+    /// Wraps the receiving end of a watch; `task` (if any) is aborted when the watch is dropped.
+    pub fn new(rx: mpsc::Receiver<WatchItem>, task: Option<tokio::task::AbortHandle>) -> Self {
+        Watch { rx, task }
+    }
+
+    /// The next batch (never empty), an error (after which the watch is over), or None when the
+    /// backend closed the watch.
+    pub async fn next(&mut self) -> Option<WatchItem> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch").finish_non_exhaustive()
+    }
+}
+
+/// A key/value store with etcd v3 semantics.
+///
+/// Contract (every backend, checked by the shared conformance suite):
+/// - `create` fails with `AlreadyExists` if the key exists.
+/// - `update` and `delete` fail with `NotFound` if the key is missing, and with `Conflict`
+///   (carrying the current revision) if `expected_mod_revision` is given and differs.
+/// - Every successful write gets a new revision, greater than every earlier one.
+/// - `watch(prefix, after)` delivers, in revision order and without gaps or duplicates, every
+///   change under `prefix` with revision > `after`; if `after` is older than the compacted
+///   revision it fails with `Compacted`.
+/// - A key written with a TTL disappears when the TTL passes, and watchers see a `Delete`.
+pub trait KvBackend: Send + Sync + 'static {
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<KeyValue>>> + Send;
+
+    fn list(&self, prefix: &str) -> impl Future<Output = Result<ListResult>> + Send;
+
+    fn create(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<KeyValue>> + Send;
+
+    fn update(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected_mod_revision: Option<i64>,
+        ttl: Option<Duration>,
+    ) -> impl Future<Output = Result<KeyValue>> + Send;
+
+    /// Deletes the key and returns what it held.
+    fn delete(
+        &self,
+        key: &str,
+        expected_mod_revision: Option<i64>,
+    ) -> impl Future<Output = Result<KeyValue>> + Send;
+
+    fn watch(&self, prefix: &str, after_revision: i64) -> impl Future<Output = Result<Watch>> + Send;
+
+    /// Discards history up to and including `revision`.
+    fn compact(&self, revision: i64) -> impl Future<Output = Result<()>> + Send;
+
+    /// The store's current revision (the revision of the latest write).
+    fn revision(&self) -> impl Future<Output = Result<i64>> + Send;
+}
+
+/// The exclusive end of the key range that starts with `prefix` (etcd's prefix range end).
+pub fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte was 0xff: the range is unbounded ("\0" means "to the end" in etcd).
+    vec![0]
+}
+
+pub(crate) fn conflict_or_missing(key: &str, expected: i64, current: Option<i64>) -> DatastoreError {
+    match current {
+        None => DatastoreError::NotFound {
+            key: key.to_string(),
+        },
+        Some(c) => DatastoreError::Conflict {
+            key: key.to_string(),
+            expected,
+            current: Some(c),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end("/a/"), b"/a0".to_vec());
+        assert_eq!(prefix_end("ab"), b"ac".to_vec());
+    }
+}

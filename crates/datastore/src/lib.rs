@@ -1,0 +1,25 @@
+//! margay's datastore layer.
+//!
+//! - [`kv`]: the key/value contract (etcd v3 semantics) every backend implements.
+//! - Backends: [`mem`] (in-memory, tests), `local` (embedded SQLite, the single-machine
+//!   default), `etcd` (etcd v3, Calico's key layout).
+//! - [`client`]: typed projectcalico.org/v3 resources on any backend, validated before writes.
+//! - [`keys`]: Calico's etcd key layout.
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod error;
+pub mod keys;
+pub mod kv;
+pub mod mem;
+pub mod util;
+
+pub use client::{Applied, Client, ResourceEvent, ResourceList, ResourceWatch};
+pub use error::{DatastoreError, Result};
+pub use kv::{KeyValue, KvBackend, KvEvent, ListResult, Watch};
+pub use mem::MemBackend;
+
+#[cfg(feature = "etcd")]
+pub mod etcd;
+#[cfg(feature = "local")]
+pub mod local;
