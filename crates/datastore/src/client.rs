@@ -70,13 +70,20 @@ impl<B: KvBackend> Client<B> {
         let path = resource_path(key);
         match self.kv.get(&path).await? {
             Some(kv) => decode(&kv),
-            None => Err(DatastoreError::NotFound { key: key.to_string() }),
+            None => Err(DatastoreError::NotFound {
+                key: key.to_string(),
+            }),
         }
     }
 
     /// Every resource of a kind (in one namespace, or all when `namespace` is None), whose name
     /// starts with `name_prefix`.
-    pub async fn list(&self, kind: Kind, namespace: Option<&str>, name_prefix: &str) -> Result<ResourceList> {
+    pub async fn list(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        name_prefix: &str,
+    ) -> Result<ResourceList> {
         let prefix = kind_prefix(kind, namespace, name_prefix);
         let listed = self.kv.list(&prefix).await?;
         let mut out = ResourceList {
@@ -99,7 +106,11 @@ impl<B: KvBackend> Client<B> {
     }
 
     /// Like [`Client::create`], with the key expiring after `ttl` (status resources).
-    pub async fn create_with_ttl(&self, mut resource: Resource, ttl: Option<Duration>) -> Result<Resource> {
+    pub async fn create_with_ttl(
+        &self,
+        mut resource: Resource,
+        ttl: Option<Duration>,
+    ) -> Result<Resource> {
         prepare(&mut resource)?;
         let key = resource.key();
         let meta = resource.metadata_mut();
@@ -115,7 +126,11 @@ impl<B: KvBackend> Client<B> {
             meta.creation_timestamp = Some(now_rfc3339());
         }
         let value = encode(&resource)?;
-        let kv = self.kv.create(&resource_path(&key), value, ttl).await.map_err(|e| rename(e, &key))?;
+        let kv = self
+            .kv
+            .create(&resource_path(&key), value, ttl)
+            .await
+            .map_err(|e| rename(e, &key))?;
         with_version(resource, &kv)
     }
 
@@ -144,7 +159,11 @@ impl<B: KvBackend> Client<B> {
             }
         }
         let value = encode(&resource)?;
-        let kv = self.kv.update(&path, value, expected, None).await.map_err(|e| rename(e, &key))?;
+        let kv = self
+            .kv
+            .update(&path, value, expected, None)
+            .await
+            .map_err(|e| rename(e, &key))?;
         with_version(resource, &kv)
     }
 
@@ -192,22 +211,37 @@ impl<B: KvBackend> Client<B> {
                 }
             }
         }
-        Err(last_conflict.unwrap_or_else(|| DatastoreError::unavailable(format!("{key}: gave up after repeated concurrent changes"))))
+        Err(last_conflict.unwrap_or_else(|| {
+            DatastoreError::unavailable(format!("{key}: gave up after repeated concurrent changes"))
+        }))
     }
 
     /// Deletes a resource (compare-and-swap when `resource_version` is given) and returns it.
-    pub async fn delete(&self, key: &ResourceKey, resource_version: Option<&str>) -> Result<Resource> {
+    pub async fn delete(
+        &self,
+        key: &ResourceKey,
+        resource_version: Option<&str>,
+    ) -> Result<Resource> {
         let expected = match resource_version {
             Some(v) => parse_version(key, v)?,
             None => None,
         };
-        let kv = self.kv.delete(&resource_path(key), expected).await.map_err(|e| rename(e, key))?;
+        let kv = self
+            .kv
+            .delete(&resource_path(key), expected)
+            .await
+            .map_err(|e| rename(e, key))?;
         decode(&kv)
     }
 
     /// Watches a kind (optionally one namespace) for changes after `revision` (the revision a
     /// list returned).
-    pub async fn watch(&self, kind: Kind, namespace: Option<&str>, revision: i64) -> Result<ResourceWatch> {
+    pub async fn watch(
+        &self,
+        kind: Kind,
+        namespace: Option<&str>,
+        revision: i64,
+    ) -> Result<ResourceWatch> {
         let prefix = kind_prefix(kind, namespace, "");
         Ok(ResourceWatch {
             inner: self.kv.watch(&prefix, revision).await?,
@@ -263,7 +297,8 @@ pub fn resource_event(e: &KvEvent) -> ResourceEvent {
 /// Decodes a stored value, checks it belongs at its key, and sets resourceVersion.
 pub fn decode(kv: &KeyValue) -> Result<Resource> {
     let bad = |why: String| DatastoreError::invalid(format!("stored value at {}: {why}", kv.key));
-    let value: serde_json::Value = serde_json::from_slice(&kv.value).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let value: serde_json::Value =
+        serde_json::from_slice(&kv.value).map_err(|e| bad(format!("not JSON: {e}")))?;
     let mut r = margay_api::codec::decode_value(value).map_err(|e| bad(e.to_string()))?;
     if let Some(key) = parse_resource_path(&kv.key)
         && (key.kind != r.kind() || key.name != r.name() || key.namespace != r.namespace())
@@ -278,7 +313,8 @@ fn encode(resource: &Resource) -> Result<Vec<u8>> {
     let mut r = resource.clone();
     // The version is the key's revision, never part of the stored value.
     r.metadata_mut().resource_version.clear();
-    serde_json::to_vec(&r).map_err(|e| DatastoreError::invalid(format!("{}: cannot encode: {e}", r.key())))
+    serde_json::to_vec(&r)
+        .map_err(|e| DatastoreError::invalid(format!("{}: cannot encode: {e}", r.key())))
 }
 
 fn with_version(mut resource: Resource, kv: &KeyValue) -> Result<Resource> {
@@ -299,10 +335,12 @@ fn prepare(resource: &mut Resource) -> Result<()> {
     {
         w.metadata.name = name;
     }
-    resource.validate().map_err(|errors| DatastoreError::Validation {
-        key: resource.key().to_string(),
-        errors,
-    })
+    resource
+        .validate()
+        .map_err(|errors| DatastoreError::Validation {
+            key: resource.key().to_string(),
+            errors,
+        })
 }
 
 fn parse_version(key: &ResourceKey, v: &str) -> Result<Option<i64>> {
@@ -310,7 +348,9 @@ fn parse_version(key: &ResourceKey, v: &str) -> Result<Option<i64>> {
         return Ok(None);
     }
     v.parse::<i64>().map(Some).map_err(|_| {
-        DatastoreError::invalid(format!("{key}: metadata.resourceVersion {v:?} is not a revision number"))
+        DatastoreError::invalid(format!(
+            "{key}: metadata.resourceVersion {v:?} is not a revision number"
+        ))
     })
 }
 
@@ -320,7 +360,9 @@ fn rename(e: DatastoreError, key: &ResourceKey) -> DatastoreError {
     match e {
         DatastoreError::NotFound { .. } => DatastoreError::NotFound { key: name },
         DatastoreError::AlreadyExists { .. } => DatastoreError::AlreadyExists { key: name },
-        DatastoreError::Conflict { expected, current, .. } => DatastoreError::Conflict {
+        DatastoreError::Conflict {
+            expected, current, ..
+        } => DatastoreError::Conflict {
             key: name,
             expected,
             current,

@@ -21,7 +21,9 @@ pub enum DatastoreError {
         current: Option<i64>,
     },
     /// A watch or read asked for history the store has already discarded.
-    #[error("revision {requested} has been compacted (the oldest revision kept is {compacted}): re-list and watch again")]
+    #[error(
+        "revision {requested} has been compacted (the oldest revision kept is {compacted}): re-list and watch again"
+    )]
     Compacted { requested: i64, compacted: i64 },
     /// The store cannot be reached or did not answer in time.
     #[error("datastore unavailable: {reason}")]
@@ -31,7 +33,10 @@ pub enum DatastoreError {
     Invalid { reason: String },
     /// A resource failed validation; nothing was written.
     #[error("{key} is invalid: {errors}")]
-    Validation { key: String, errors: ValidationErrors },
+    Validation {
+        key: String,
+        errors: ValidationErrors,
+    },
 }
 
 impl DatastoreError {

@@ -8,7 +8,12 @@ pub const RESOURCE_ROOT: &str = "/calico/resources/v3/projectcalico.org/";
 /// The key a resource is stored under.
 pub fn resource_path(key: &ResourceKey) -> String {
     if key.kind.is_namespaced() {
-        format!("{RESOURCE_ROOT}{}/{}/{}", key.kind.plural(), key.namespace, key.name)
+        format!(
+            "{RESOURCE_ROOT}{}/{}/{}",
+            key.kind.plural(),
+            key.namespace,
+            key.name
+        )
     } else {
         format!("{RESOURCE_ROOT}{}/{}", key.kind.plural(), key.name)
     }
@@ -56,7 +61,11 @@ mod tests {
 
     #[test]
     fn paths_round_trip() {
-        for (kind, ns) in [(Kind::IPPool, ""), (Kind::NetworkPolicy, "prod"), (Kind::WorkloadEndpoint, "kube-system")] {
+        for (kind, ns) in [
+            (Kind::IPPool, ""),
+            (Kind::NetworkPolicy, "prod"),
+            (Kind::WorkloadEndpoint, "kube-system"),
+        ] {
             let key = ResourceKey {
                 kind,
                 namespace: ns.into(),
@@ -73,8 +82,14 @@ mod tests {
             }),
             "/calico/resources/v3/projectcalico.org/globalnetworkpolicies/deny"
         );
-        assert_eq!(parse_resource_path("/calico/resources/v3/projectcalico.org/ippools/a/b"), None);
-        assert_eq!(parse_resource_path("/calico/resources/v3/projectcalico.org/networkpolicies/ns"), None);
+        assert_eq!(
+            parse_resource_path("/calico/resources/v3/projectcalico.org/ippools/a/b"),
+            None
+        );
+        assert_eq!(
+            parse_resource_path("/calico/resources/v3/projectcalico.org/networkpolicies/ns"),
+            None
+        );
         assert_eq!(parse_resource_path("/calico/ipam/v2/config"), None);
     }
 

@@ -25,7 +25,10 @@ pub struct KeyValue {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvEvent {
     /// The key was created (`prev` is None) or modified.
-    Put { kv: KeyValue, prev: Option<KeyValue> },
+    Put {
+        kv: KeyValue,
+        prev: Option<KeyValue>,
+    },
     /// The key was deleted (explicitly or because its TTL expired) at `revision`.
     Delete {
         key: String,
@@ -131,7 +134,11 @@ pub trait KvBackend: Send + Sync + 'static {
         expected_mod_revision: Option<i64>,
     ) -> impl Future<Output = Result<KeyValue>> + Send;
 
-    fn watch(&self, prefix: &str, after_revision: i64) -> impl Future<Output = Result<Watch>> + Send;
+    fn watch(
+        &self,
+        prefix: &str,
+        after_revision: i64,
+    ) -> impl Future<Output = Result<Watch>> + Send;
 
     /// Discards history up to and including `revision`.
     fn compact(&self, revision: i64) -> impl Future<Output = Result<()>> + Send;
@@ -153,7 +160,11 @@ pub fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0]
 }
 
-pub(crate) fn conflict_or_missing(key: &str, expected: i64, current: Option<i64>) -> DatastoreError {
+pub(crate) fn conflict_or_missing(
+    key: &str,
+    expected: i64,
+    current: Option<i64>,
+) -> DatastoreError {
     match current {
         None => DatastoreError::NotFound {
             key: key.to_string(),

@@ -7,14 +7,18 @@
 //! - [`keys`]: Calico's etcd key layout.
 #![forbid(unsafe_code)]
 
+pub mod any;
 pub mod client;
+pub mod config;
 pub mod error;
 pub mod keys;
 pub mod kv;
 pub mod mem;
 pub mod util;
 
+pub use any::AnyBackend;
 pub use client::{Applied, Client, ResourceEvent, ResourceList, ResourceWatch};
+pub use config::{DatastoreConfig, DatastoreType};
 pub use error::{DatastoreError, Result};
 pub use kv::{KeyValue, KvBackend, KvEvent, ListResult, Watch};
 pub use mem::MemBackend;

@@ -173,10 +173,9 @@ impl KvBackend for MemBackend {
                 }),
                 (Some(c), Some(e)) if c != e => Err(conflict_or_missing(key, e, Some(c))),
                 _ => {
-                    let (prev, _) = s
-                        .data
-                        .remove(key)
-                        .ok_or_else(|| DatastoreError::NotFound { key: key.to_string() })?;
+                    let (prev, _) = s.data.remove(key).ok_or_else(|| DatastoreError::NotFound {
+                        key: key.to_string(),
+                    })?;
                     s.revision += 1;
                     let revision = s.revision;
                     s.log.push(KvEvent::Delete {

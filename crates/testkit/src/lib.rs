@@ -1,1 +1,12 @@
-pub fn placeholder() {}
+//! Test-only helpers. Everything here cleans up after itself, also when a test panics.
+//!
+//! - [`etcd`]: private etcd servers and clusters on loopback ports, with temp data dirs.
+#![forbid(unsafe_code)]
+
+pub mod etcd;
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_port() -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}

@@ -30,7 +30,10 @@ pub async fn create_get_and_exists<B: KvBackend>(b: &B, p: &str) {
     let got = b.get(&k).await.unwrap().unwrap();
     assert_eq!(got, kv);
     let err = b.create(&k, b"two".to_vec(), None).await.unwrap_err();
-    assert!(matches!(err, DatastoreError::AlreadyExists { .. }), "{err:?}");
+    assert!(
+        matches!(err, DatastoreError::AlreadyExists { .. }),
+        "{err:?}"
+    );
     assert_eq!(b.get(&k).await.unwrap().unwrap().value, b"one");
     assert!(b.revision().await.unwrap() >= kv.mod_revision);
 }
@@ -40,12 +43,21 @@ pub async fn update_compare_and_swap<B: KvBackend>(b: &B, p: &str) {
     let err = b.update(&k, b"x".to_vec(), None, None).await.unwrap_err();
     assert!(matches!(err, DatastoreError::NotFound { .. }), "{err:?}");
     let v1 = b.create(&k, b"1".to_vec(), None).await.unwrap();
-    let v2 = b.update(&k, b"2".to_vec(), Some(v1.mod_revision), None).await.unwrap();
+    let v2 = b
+        .update(&k, b"2".to_vec(), Some(v1.mod_revision), None)
+        .await
+        .unwrap();
     assert!(v2.mod_revision > v1.mod_revision);
     assert_eq!(v2.create_revision, v1.create_revision);
     // A stale revision loses and reports the current one; nothing is written.
-    match b.update(&k, b"3".to_vec(), Some(v1.mod_revision), None).await.unwrap_err() {
-        DatastoreError::Conflict { current, expected, .. } => {
+    match b
+        .update(&k, b"3".to_vec(), Some(v1.mod_revision), None)
+        .await
+        .unwrap_err()
+    {
+        DatastoreError::Conflict {
+            current, expected, ..
+        } => {
             assert_eq!(current, Some(v2.mod_revision));
             assert_eq!(expected, v1.mod_revision);
         }
@@ -64,7 +76,10 @@ pub async fn delete_semantics<B: KvBackend>(b: &B, p: &str) {
     let v1 = b.create(&k, b"1".to_vec(), None).await.unwrap();
     let v2 = b.update(&k, b"2".to_vec(), None, None).await.unwrap();
     let err = b.delete(&k, Some(v1.mod_revision)).await.unwrap_err();
-    assert!(matches!(err, DatastoreError::Conflict { current: Some(c), .. } if c == v2.mod_revision), "{err:?}");
+    assert!(
+        matches!(err, DatastoreError::Conflict { current: Some(c), .. } if c == v2.mod_revision),
+        "{err:?}"
+    );
     let gone = b.delete(&k, Some(v2.mod_revision)).await.unwrap();
     assert_eq!(gone.value, b"2");
     assert_eq!(b.get(&k).await.unwrap(), None);
@@ -75,20 +90,37 @@ pub async fn delete_semantics<B: KvBackend>(b: &B, p: &str) {
 
 pub async fn list_by_prefix<B: KvBackend>(b: &B, p: &str) {
     for name in ["c", "a", "b", "ab"] {
-        b.create(&format!("{p}x/{name}"), name.as_bytes().to_vec(), None).await.unwrap();
+        b.create(&format!("{p}x/{name}"), name.as_bytes().to_vec(), None)
+            .await
+            .unwrap();
     }
-    b.create(&format!("{p}y/z"), b"z".to_vec(), None).await.unwrap();
+    b.create(&format!("{p}y/z"), b"z".to_vec(), None)
+        .await
+        .unwrap();
     // A key that merely shares the textual prefix "x" but is not under "x/".
-    b.create(&format!("{p}xx"), b"xx".to_vec(), None).await.unwrap();
+    b.create(&format!("{p}xx"), b"xx".to_vec(), None)
+        .await
+        .unwrap();
     let listed = b.list(&format!("{p}x/")).await.unwrap();
-    let keys: Vec<_> = listed.kvs.iter().map(|kv| kv.key.trim_start_matches(p).to_string()).collect();
+    let keys: Vec<_> = listed
+        .kvs
+        .iter()
+        .map(|kv| kv.key.trim_start_matches(p).to_string())
+        .collect();
     assert_eq!(keys, vec!["x/a", "x/ab", "x/b", "x/c"]);
-    assert!(listed.kvs.iter().all(|kv| kv.mod_revision <= listed.revision));
+    assert!(
+        listed
+            .kvs
+            .iter()
+            .all(|kv| kv.mod_revision <= listed.revision)
+    );
     assert!(listed.revision <= b.revision().await.unwrap());
     assert_eq!(b.list(&format!("{p}none/")).await.unwrap().kvs.len(), 0);
     // Many keys.
     for i in 0..500 {
-        b.create(&format!("{p}many/{i:04}"), vec![b'v'; 100], None).await.unwrap();
+        b.create(&format!("{p}many/{i:04}"), vec![b'v'; 100], None)
+            .await
+            .unwrap();
     }
     assert_eq!(b.list(&format!("{p}many/")).await.unwrap().kvs.len(), 500);
 }
@@ -116,14 +148,22 @@ pub async fn watch_order_and_resume<B: KvBackend>(b: &B, p: &str) {
     let mut w = b.watch(p, start).await.unwrap();
     let k = format!("{p}a");
     let c = b.create(&k, b"1".to_vec(), None).await.unwrap();
-    let u = b.update(&k, b"2".to_vec(), Some(c.mod_revision), None).await.unwrap();
-    b.create(&format!("{p}b"), b"b".to_vec(), None).await.unwrap();
+    let u = b
+        .update(&k, b"2".to_vec(), Some(c.mod_revision), None)
+        .await
+        .unwrap();
+    b.create(&format!("{p}b"), b"b".to_vec(), None)
+        .await
+        .unwrap();
     let d = b.delete(&k, None).await.unwrap();
     assert_eq!(d.value, b"2");
     let events = next_events(&mut w, 4).await;
     assert_eq!(events.len(), 4, "{events:?}");
     let revs: Vec<i64> = events.iter().map(KvEvent::revision).collect();
-    assert!(revs.windows(2).all(|w| w[0] < w[1]), "not in order: {revs:?}");
+    assert!(
+        revs.windows(2).all(|w| w[0] < w[1]),
+        "not in order: {revs:?}"
+    );
     match &events[0] {
         KvEvent::Put { kv, prev } => {
             assert_eq!(kv.value, b"1");
@@ -154,8 +194,12 @@ pub async fn watch_order_and_resume<B: KvBackend>(b: &B, p: &str) {
 pub async fn watch_ignores_other_prefixes<B: KvBackend>(b: &B, p: &str) {
     let start = b.revision().await.unwrap();
     let mut w = b.watch(&format!("{p}mine/"), start).await.unwrap();
-    b.create(&format!("{p}other/a"), b"x".to_vec(), None).await.unwrap();
-    b.create(&format!("{p}mine/a"), b"y".to_vec(), None).await.unwrap();
+    b.create(&format!("{p}other/a"), b"x".to_vec(), None)
+        .await
+        .unwrap();
+    b.create(&format!("{p}mine/a"), b"y".to_vec(), None)
+        .await
+        .unwrap();
     let events = next_events(&mut w, 1).await;
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].key(), format!("{p}mine/a"));
@@ -176,7 +220,15 @@ pub async fn concurrent_read_modify_write<B: KvBackend + Clone>(b: &B, p: &str) 
                 loop {
                     let cur = b.get(&k).await.unwrap().unwrap();
                     let n: u64 = std::str::from_utf8(&cur.value).unwrap().parse().unwrap();
-                    match b.update(&k, (n + 1).to_string().into_bytes(), Some(cur.mod_revision), None).await {
+                    match b
+                        .update(
+                            &k,
+                            (n + 1).to_string().into_bytes(),
+                            Some(cur.mod_revision),
+                            None,
+                        )
+                        .await
+                    {
                         Ok(_) => break,
                         Err(DatastoreError::Conflict { .. }) => {
                             conflicts += 1;
@@ -192,17 +244,27 @@ pub async fn concurrent_read_modify_write<B: KvBackend + Clone>(b: &B, p: &str) 
         t.await.unwrap();
     }
     let v = b.get(&k).await.unwrap().unwrap();
-    assert_eq!(std::str::from_utf8(&v.value).unwrap(), (WRITERS * EACH).to_string());
+    assert_eq!(
+        std::str::from_utf8(&v.value).unwrap(),
+        (WRITERS * EACH).to_string()
+    );
 }
 
 pub async fn ttl_expiry<B: KvBackend>(b: &B, p: &str) {
     let start = b.revision().await.unwrap();
     let mut w = b.watch(p, start).await.unwrap();
     let k = format!("{p}status");
-    b.create(&k, b"alive".to_vec(), Some(Duration::from_secs(1))).await.unwrap();
-    b.create(&format!("{p}keep"), b"keep".to_vec(), None).await.unwrap();
+    b.create(&k, b"alive".to_vec(), Some(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    b.create(&format!("{p}keep"), b"keep".to_vec(), None)
+        .await
+        .unwrap();
     let events = next_events(&mut w, 3).await;
-    assert!(matches!(&events[2], KvEvent::Delete { key, .. } if *key == k), "{events:?}");
+    assert!(
+        matches!(&events[2], KvEvent::Delete { key, .. } if *key == k),
+        "{events:?}"
+    );
     assert_eq!(b.get(&k).await.unwrap(), None);
     assert!(b.get(&format!("{p}keep")).await.unwrap().is_some());
 }

@@ -1,0 +1,372 @@
+//! Which datastore to use, from Calico's environment variables or a calicoctl
+//! `CalicoAPIConfig` file, and connecting to it.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::any::AnyBackend;
+use crate::error::{DatastoreError, Result};
+
+/// Where the embedded datastore lives unless DATASTORE_PATH says otherwise.
+pub const DEFAULT_LOCAL_PATH: &str = "/var/lib/margay/datastore.db";
+/// calicoctl's default configuration file.
+pub const DEFAULT_CTL_CONFIG: &str = "/etc/calico/calicoctl.cfg";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatastoreType {
+    /// The embedded single-machine store (margay's default).
+    Local,
+    /// etcd v3 with Calico's key layout.
+    Etcd,
+    /// The Kubernetes API (not supported yet).
+    Kubernetes,
+}
+
+impl DatastoreType {
+    fn parse(s: &str) -> Result<DatastoreType> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "local" => Ok(DatastoreType::Local),
+            "etcdv3" | "etcd" => Ok(DatastoreType::Etcd),
+            "kubernetes" | "k8s" => Ok(DatastoreType::Kubernetes),
+            other => Err(DatastoreError::invalid(format!(
+                "DATASTORE_TYPE {other:?} is not known (use local, etcdv3 or kubernetes)"
+            ))),
+        }
+    }
+}
+
+/// Connection settings for etcd (Calico's ETCD_* variables).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// `http(s)://host:port` URLs.
+    pub endpoints: Vec<String>,
+    pub discovery_srv: Option<String>,
+    pub ca_cert_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatastoreConfig {
+    pub datastore_type: DatastoreType,
+    /// The embedded store's file.
+    pub local_path: PathBuf,
+    pub etcd: EtcdConfig,
+}
+
+impl Default for DatastoreConfig {
+    fn default() -> Self {
+        DatastoreConfig {
+            datastore_type: DatastoreType::Local,
+            local_path: PathBuf::from(DEFAULT_LOCAL_PATH),
+            etcd: EtcdConfig::default(),
+        }
+    }
+}
+
+impl DatastoreConfig {
+    /// From the process environment.
+    pub fn from_env() -> Result<DatastoreConfig> {
+        DatastoreConfig::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// From variables looked up with `get` (the environment, or a table in tests).
+    ///
+    /// DATASTORE_TYPE picks the store (`local`, `etcdv3`, `kubernetes`); without it, setting
+    /// ETCD_ENDPOINTS means etcd and nothing means the embedded store at DATASTORE_PATH.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<DatastoreConfig> {
+        let non_empty = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        let endpoints = non_empty("ETCD_ENDPOINTS").map(|e| split_endpoints(&e));
+        let datastore_type = match non_empty("DATASTORE_TYPE") {
+            Some(t) => DatastoreType::parse(&t)?,
+            None if endpoints.is_some() || non_empty("ETCD_DISCOVERY_SRV").is_some() => {
+                DatastoreType::Etcd
+            }
+            None => DatastoreType::Local,
+        };
+        let etcd = EtcdConfig {
+            endpoints: endpoints.unwrap_or_default(),
+            discovery_srv: non_empty("ETCD_DISCOVERY_SRV"),
+            ca_cert_file: non_empty("ETCD_CA_CERT_FILE").map(PathBuf::from),
+            cert_file: non_empty("ETCD_CERT_FILE").map(PathBuf::from),
+            key_file: non_empty("ETCD_KEY_FILE").map(PathBuf::from),
+            username: non_empty("ETCD_USERNAME"),
+            password: non_empty("ETCD_PASSWORD"),
+        };
+        let cfg = DatastoreConfig {
+            datastore_type,
+            local_path: non_empty("DATASTORE_PATH")
+                .map_or_else(|| PathBuf::from(DEFAULT_LOCAL_PATH), PathBuf::from),
+            etcd,
+        };
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    /// From a calicoctl configuration file (`kind: CalicoAPIConfig`).
+    pub fn from_file(path: &Path) -> Result<DatastoreConfig> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            DatastoreError::invalid(format!(
+                "cannot read datastore config {}: {e}",
+                path.display()
+            ))
+        })?;
+        DatastoreConfig::from_api_config(&text)
+            .map_err(|e| DatastoreError::invalid(format!("{}: {e}", path.display())))
+    }
+
+    /// Parses the text of a `CalicoAPIConfig` document.
+    pub fn from_api_config(text: &str) -> std::result::Result<DatastoreConfig, String> {
+        let doc: ApiConfig = serde_norway::from_str(text)
+            .map_err(|e| format!("not a valid CalicoAPIConfig: {e}"))?;
+        if doc.kind != "CalicoAPIConfig" {
+            return Err(format!("kind is {:?}, expected CalicoAPIConfig", doc.kind));
+        }
+        if doc.api_version != "projectcalico.org/v3" {
+            return Err(format!(
+                "apiVersion is {:?}, expected projectcalico.org/v3",
+                doc.api_version
+            ));
+        }
+        let s = doc.spec;
+        if s.datastore_type
+            .as_deref()
+            .is_some_and(|t| t.eq_ignore_ascii_case("kubernetes"))
+            && (s.kubeconfig.is_some() || s.k8s_api_endpoint.is_some())
+        {
+            return Err(
+                "the Kubernetes datastore is not supported yet: use datastoreType local or etcdv3"
+                    .into(),
+            );
+        }
+        let vars: Vec<(&str, Option<String>)> = vec![
+            ("DATASTORE_TYPE", s.datastore_type),
+            ("ETCD_ENDPOINTS", s.etcd_endpoints),
+            ("ETCD_DISCOVERY_SRV", s.etcd_discovery_srv),
+            ("ETCD_CA_CERT_FILE", s.etcd_ca_cert_file),
+            ("ETCD_CERT_FILE", s.etcd_cert_file),
+            ("ETCD_KEY_FILE", s.etcd_key_file),
+            ("ETCD_USERNAME", s.etcd_username),
+            ("ETCD_PASSWORD", s.etcd_password),
+            ("DATASTORE_PATH", s.datastore_path),
+        ];
+        let lookup = |k: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .and_then(|(_, v)| v.clone())
+        };
+        DatastoreConfig::from_lookup(lookup).map_err(|e| e.to_string())
+    }
+
+    /// Where it points, for logs and error messages.
+    pub fn describe(&self) -> String {
+        match self.datastore_type {
+            DatastoreType::Local => format!("local datastore at {}", self.local_path.display()),
+            DatastoreType::Etcd => format!("etcd at {}", self.etcd.endpoints.join(",")),
+            DatastoreType::Kubernetes => "Kubernetes API".to_string(),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        match self.datastore_type {
+            DatastoreType::Kubernetes => Err(DatastoreError::invalid(
+                "the Kubernetes datastore is not supported yet: use DATASTORE_TYPE=local or etcdv3",
+            )),
+            DatastoreType::Etcd if self.etcd.endpoints.is_empty() => {
+                if self.etcd.discovery_srv.is_some() {
+                    Err(DatastoreError::invalid(
+                        "ETCD_DISCOVERY_SRV is not supported yet: list the members in ETCD_ENDPOINTS",
+                    ))
+                } else {
+                    Err(DatastoreError::invalid(
+                        "DATASTORE_TYPE=etcdv3 needs ETCD_ENDPOINTS (e.g. http://127.0.0.1:2379)",
+                    ))
+                }
+            }
+            DatastoreType::Etcd => {
+                for e in &self.etcd.endpoints {
+                    if !(e.starts_with("http://") || e.starts_with("https://")) {
+                        return Err(DatastoreError::invalid(format!(
+                            "ETCD_ENDPOINTS entry {e:?} must be a URL such as http://127.0.0.1:2379"
+                        )));
+                    }
+                }
+                let tls = [&self.etcd.cert_file, &self.etcd.key_file];
+                if tls[0].is_some() != tls[1].is_some() {
+                    return Err(DatastoreError::invalid(
+                        "set both ETCD_CERT_FILE and ETCD_KEY_FILE for client certificates, or neither",
+                    ));
+                }
+                if self.etcd.username.is_some() != self.etcd.password.is_some() {
+                    return Err(DatastoreError::invalid(
+                        "set both ETCD_USERNAME and ETCD_PASSWORD, or neither",
+                    ));
+                }
+                Ok(())
+            }
+            DatastoreType::Local => Ok(()),
+        }
+    }
+
+    /// Opens the configured datastore.
+    pub async fn connect(&self) -> Result<AnyBackend> {
+        match self.datastore_type {
+            #[cfg(feature = "local")]
+            DatastoreType::Local => {
+                let opts = crate::local::LocalOptions::new(self.local_path.clone());
+                let b = crate::local::LocalBackend::open(opts)?;
+                Ok(AnyBackend::Local(b))
+            }
+            #[cfg(feature = "etcd")]
+            DatastoreType::Etcd => Ok(AnyBackend::Etcd(
+                crate::etcd::EtcdBackend::connect(&self.etcd).await?,
+            )),
+            #[allow(unreachable_patterns)]
+            other => Err(DatastoreError::invalid(format!(
+                "{other:?} datastore support is not built into this binary"
+            ))),
+        }
+    }
+}
+
+fn split_endpoints(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ApiConfig {
+    #[serde(default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    #[allow(dead_code)]
+    metadata: serde_json::Value,
+    #[serde(default)]
+    spec: ApiConfigSpec,
+}
+
+/// The fields calicoctl accepts; the Kubernetes ones are recognised so that an existing file
+/// parses, and rejected with a clear message when used.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ApiConfigSpec {
+    datastore_type: Option<String>,
+    etcd_endpoints: Option<String>,
+    etcd_discovery_srv: Option<String>,
+    #[serde(rename = "etcdCACertFile")]
+    etcd_ca_cert_file: Option<String>,
+    etcd_cert_file: Option<String>,
+    etcd_key_file: Option<String>,
+    etcd_username: Option<String>,
+    etcd_password: Option<String>,
+    /// margay's embedded datastore file.
+    datastore_path: Option<String>,
+    kubeconfig: Option<String>,
+    #[serde(rename = "k8sAPIEndpoint")]
+    k8s_api_endpoint: Option<String>,
+    #[serde(rename = "k8sKeyFile")]
+    _k8s_key_file: Option<String>,
+    #[serde(rename = "k8sCertFile")]
+    _k8s_cert_file: Option<String>,
+    #[serde(rename = "k8sCAFile")]
+    _k8s_ca_file: Option<String>,
+    #[serde(rename = "k8sAPIToken")]
+    _k8s_api_token: Option<String>,
+    #[serde(rename = "k8sInsecureSkipTLSVerify")]
+    _k8s_insecure: Option<bool>,
+    #[serde(rename = "k8sDisableNodePoll")]
+    _k8s_disable_node_poll: Option<bool>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(vars: &[(&str, &str)]) -> Result<DatastoreConfig> {
+        DatastoreConfig::from_lookup(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn defaults_to_the_local_store() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.datastore_type, DatastoreType::Local);
+        assert_eq!(c.local_path, PathBuf::from(DEFAULT_LOCAL_PATH));
+        let c = cfg(&[("DATASTORE_PATH", "/tmp/x.db")]).unwrap();
+        assert_eq!(c.local_path, PathBuf::from("/tmp/x.db"));
+    }
+
+    #[test]
+    fn etcd_from_endpoints_or_type() {
+        let c = cfg(&[(
+            "ETCD_ENDPOINTS",
+            "http://10.0.0.1:2379, http://10.0.0.2:2379",
+        )])
+        .unwrap();
+        assert_eq!(c.datastore_type, DatastoreType::Etcd);
+        assert_eq!(
+            c.etcd.endpoints,
+            vec!["http://10.0.0.1:2379", "http://10.0.0.2:2379"]
+        );
+        assert!(
+            cfg(&[("DATASTORE_TYPE", "etcdv3")])
+                .unwrap_err()
+                .to_string()
+                .contains("needs ETCD_ENDPOINTS")
+        );
+        assert!(
+            cfg(&[("ETCD_ENDPOINTS", "10.0.0.1:2379")])
+                .unwrap_err()
+                .to_string()
+                .contains("must be a URL")
+        );
+        assert!(cfg(&[("ETCD_ENDPOINTS", "http://a:1"), ("ETCD_CERT_FILE", "/c")]).is_err());
+        assert!(
+            cfg(&[("DATASTORE_TYPE", "kubernetes")])
+                .unwrap_err()
+                .to_string()
+                .contains("not supported yet")
+        );
+        assert!(
+            cfg(&[("DATASTORE_TYPE", "mysql")])
+                .unwrap_err()
+                .to_string()
+                .contains("not known")
+        );
+        let c = cfg(&[
+            ("DATASTORE_TYPE", "local"),
+            ("ETCD_ENDPOINTS", "http://a:1"),
+        ])
+        .unwrap();
+        assert_eq!(c.datastore_type, DatastoreType::Local);
+    }
+
+    #[test]
+    fn calicoctl_config_files() {
+        let c = DatastoreConfig::from_api_config(
+            "apiVersion: projectcalico.org/v3\nkind: CalicoAPIConfig\nmetadata: {}\nspec:\n  datastoreType: etcdv3\n  etcdEndpoints: http://127.0.0.1:2379\n  etcdCACertFile: /etc/ca.pem\n",
+        )
+        .unwrap();
+        assert_eq!(c.datastore_type, DatastoreType::Etcd);
+        assert_eq!(c.etcd.ca_cert_file, Some(PathBuf::from("/etc/ca.pem")));
+        let e = DatastoreConfig::from_api_config(
+            "apiVersion: projectcalico.org/v3\nkind: CalicoAPIConfig\nspec:\n  etcdEndpoint: http://x:1\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("etcdEndpoint"), "{e}");
+        let e = DatastoreConfig::from_api_config("apiVersion: v1\nkind: Config\n").unwrap_err();
+        assert!(e.contains("CalicoAPIConfig"), "{e}");
+    }
+}

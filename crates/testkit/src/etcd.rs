@@ -1,0 +1,219 @@
+//! Private etcd servers for tests: each on its own loopback ports and temp data directory,
+//! killed (SIGKILL) and removed on drop.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::free_port;
+
+/// How long a member may take to become healthy.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One etcd process.
+pub struct EtcdServer {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    initial_cluster: String,
+    cluster_token: String,
+    data_dir: PathBuf,
+    child: Option<Child>,
+    // Keeps the directory (data and log) alive as long as the server.
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdServer {
+    /// Starts a single-member etcd and waits until it is healthy.
+    pub fn start() -> io::Result<EtcdServer> {
+        let mut s = EtcdServer::prepare("m0", free_port()?, free_port()?, None, "margay-test")?;
+        s.spawn()?;
+        s.wait_healthy()?;
+        Ok(s)
+    }
+
+    fn prepare(
+        name: &str,
+        client_port: u16,
+        peer_port: u16,
+        initial_cluster: Option<String>,
+        token: &str,
+    ) -> io::Result<EtcdServer> {
+        let dir = tempfile::Builder::new().prefix("margay-etcd-").tempdir()?;
+        Ok(EtcdServer {
+            name: name.to_string(),
+            client_port,
+            peer_port,
+            initial_cluster: initial_cluster
+                .unwrap_or_else(|| format!("{name}=http://127.0.0.1:{peer_port}")),
+            cluster_token: token.to_string(),
+            data_dir: dir.path().join("data"),
+            child: None,
+            _dir: dir,
+        })
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let log = std::fs::File::create(self.log_path())?;
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new("etcd")
+            .args(["--name", &self.name])
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", &self.cluster_token])
+            // Short elections so leader-loss tests finish quickly.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot run etcd ({e}); install it with scripts/setup (Debian package etcd-server)"),
+                )
+            })?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:40123`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Where the server's output goes (read it when a test fails).
+    pub fn log_path(&self) -> PathBuf {
+        self._dir.path().join("etcd.log")
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(Child::try_wait), Some(Ok(None)))
+    }
+
+    /// Kills the process with SIGKILL (no clean shutdown) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the process again on the same ports and data.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// Waits until `/health` reports healthy.
+    pub fn wait_healthy(&mut self) -> io::Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if health(self.client_port) {
+                return Ok(());
+            }
+            if !self.is_running() {
+                return Err(io::Error::other(format!(
+                    "etcd {} exited during start-up; see {}: {}",
+                    self.name,
+                    self.log_path().display(),
+                    tail(&self.log_path())
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "etcd {} not healthy after {START_TIMEOUT:?}: {}",
+                        self.name,
+                        tail(&self.log_path())
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Several etcd members forming one cluster.
+pub struct EtcdCluster {
+    pub members: Vec<EtcdServer>,
+}
+
+impl EtcdCluster {
+    pub fn start(size: usize) -> io::Result<EtcdCluster> {
+        let ports: Vec<(u16, u16)> = (0..size)
+            .map(|_| Ok((free_port()?, free_port()?)))
+            .collect::<io::Result<_>>()?;
+        let initial = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("margay-test-{}", std::process::id());
+        let mut members = Vec::new();
+        for (i, (c, p)) in ports.iter().enumerate() {
+            let mut m =
+                EtcdServer::prepare(&format!("m{i}"), *c, *p, Some(initial.clone()), &token)?;
+            m.spawn()?;
+            members.push(m);
+        }
+        for m in &mut members {
+            m.wait_healthy()?;
+        }
+        Ok(EtcdCluster { members })
+    }
+
+    /// All client URLs.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(EtcdServer::endpoint).collect()
+    }
+
+    /// The index of the current leader, from each member's /v2-free status endpoint.
+    pub fn leader(&self) -> Option<usize> {
+        // etcd's /metrics exposes etcd_server_is_leader 1 on the leader.
+        self.members.iter().position(|m| {
+            http_get(m.client_port, "/metrics")
+                .is_some_and(|b| b.contains("etcd_server_is_leader 1"))
+        })
+    }
+}
+
+fn health(port: u16) -> bool {
+    http_get(port, "/health").is_some_and(|b| b.contains("\"health\":\"true\""))
+}
+
+/// A minimal HTTP/1.0 GET on loopback, enough for etcd's health and metrics endpoints.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+fn tail(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
+}
