@@ -217,7 +217,8 @@ resources! {
     },
     /// Felix settings: cluster-wide (`default`), per node (`node.<name>`) or node-selected.
     FelixConfiguration {
-        spec: FelixConfigurationSpec,
+        // Boxed: the spec has ~190 optional fields and would make every Resource ~4 KiB.
+        spec: Box<FelixConfigurationSpec>,
         plural: "felixconfigurations",
         namespaced: false,
         aliases: ["felixconfiguration", "felixconfigurations", "felixconfig", "felixconfigs"],

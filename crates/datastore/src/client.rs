@@ -31,6 +31,7 @@ pub struct ResourceList {
 
 /// One change to a watched kind.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // events are consumed right away, never stored in bulk
 pub enum ResourceEvent {
     /// Created or modified; `old` is the previous value when there was one.
     Put {
@@ -144,8 +145,10 @@ impl<B: KvBackend> Client<B> {
         let expected = parse_version(&key, &resource.metadata().resource_version)?;
         // Keep the identity fields Calico set at creation when the caller left them out.
         let meta = resource.metadata();
-        if meta.uid.is_empty() || meta.creation_timestamp.is_none() {
-            if let Some(current) = self.kv.get(&path).await? {
+        if (meta.uid.is_empty() || meta.creation_timestamp.is_none())
+            && let Some(current) = self.kv.get(&path).await?
+        {
+            {
                 let current = decode(&current)?;
                 let cm = current.metadata();
                 let (uid, ts) = (cm.uid.clone(), cm.creation_timestamp.clone());

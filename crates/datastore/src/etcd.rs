@@ -11,7 +11,10 @@ use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
     Identity, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
-use tokio::sync::mpsc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::{OnceCell, mpsc};
 
 use crate::config::EtcdConfig;
 use crate::error::{DatastoreError, Result};
@@ -24,18 +27,29 @@ const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 /// Events per batch handed to a watcher.
 const WATCH_BATCH: usize = 1_000;
 
+/// One client per member, and the member currently in use: requests stick to one member and
+/// move to the next when it stops answering (the way etcd's own clients fail over), so a dead
+/// member costs one failed attempt, not a share of every request.
 #[derive(Clone)]
 pub struct EtcdBackend {
-    client: Client,
-    endpoints: String,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoints: Vec<String>,
+    label: String,
+    options: ConnectOptions,
+    clients: Vec<OnceCell<Client>>,
+    current: AtomicUsize,
 }
 
 impl EtcdBackend {
-    /// Connects to the members in `cfg.endpoints` (the client fails over between them). The
-    /// connection is lazy: an unreachable etcd shows up as `Unavailable` on the first request.
+    /// Prepares clients for the members in `cfg.endpoints`. Connections are made lazily: an
+    /// unreachable etcd shows up as `Unavailable` on the first request, not here (except when
+    /// a username is set, which needs a token from a live member).
     pub async fn connect(cfg: &EtcdConfig) -> Result<EtcdBackend> {
         let mut opts = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
+            .with_connect_timeout(Duration::from_secs(3))
             .with_timeout(Duration::from_secs(15))
             // Notice a dead member within seconds, so requests move to a live one.
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
@@ -57,17 +71,47 @@ impl EtcdBackend {
             }
             opts = opts.with_tls(tls);
         }
-        let endpoints = cfg.endpoints.join(",");
-        let client = Client::connect(&cfg.endpoints, Some(opts))
+        if cfg.endpoints.is_empty() {
+            return Err(DatastoreError::invalid(
+                "no etcd endpoints given (set ETCD_ENDPOINTS)",
+            ));
+        }
+        let backend = EtcdBackend {
+            inner: Arc::new(Inner {
+                endpoints: cfg.endpoints.clone(),
+                label: cfg.endpoints.join(","),
+                options: opts,
+                clients: cfg.endpoints.iter().map(|_| OnceCell::new()).collect(),
+                current: AtomicUsize::new(0),
+            }),
+        };
+        if cfg.username.is_some() {
+            // Authentication needs a live member: find one now, so a wrong password fails here.
+            backend
+                .retry(true, |_| async { Ok(()) })
+                .await
+                .map_err(|e| {
+                    DatastoreError::unavailable(format!(
+                        "cannot connect to etcd at {}: {e}",
+                        backend.inner.label
+                    ))
+                })?;
+        }
+        Ok(backend)
+    }
+
+    async fn member(&self, idx: usize) -> std::result::Result<Client, etcd_client::Error> {
+        let endpoint = &self.inner.endpoints[idx];
+        self.inner.clients[idx]
+            .get_or_try_init(|| {
+                Client::connect([endpoint.as_str()], Some(self.inner.options.clone()))
+            })
             .await
-            .map_err(|e| {
-                DatastoreError::unavailable(format!("cannot connect to etcd at {endpoints}: {e}"))
-            })?;
-        Ok(EtcdBackend { client, endpoints })
+            .cloned()
     }
 
     fn err(&self, op: &str, key: &str, e: etcd_client::Error) -> DatastoreError {
-        map_error(&self.endpoints, op, key, e)
+        map_error(&self.inner.label, op, key, e)
     }
 }
 
@@ -111,6 +155,9 @@ mod tonic_code {
     pub const FAILED_PRECONDITION: i32 = 9;
     pub const OUT_OF_RANGE: i32 = 11;
     pub const UNAUTHENTICATED: i32 = 16;
+    pub const UNKNOWN: i32 = 2;
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    pub const UNAVAILABLE: i32 = 14;
 }
 
 fn convert(kv: &etcd_client::KeyValue) -> Result<KeyValue> {
@@ -130,13 +177,84 @@ fn ttl_secs(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_secs().max(1) + u64::from(ttl.subsec_nanos() > 0)).unwrap_or(i64::MAX)
 }
 
+/// Attempts per request when an etcd member is unreachable (the balanced channel may pick a
+/// dead member; the next attempt usually reaches a live one).
+const ATTEMPTS: u32 = 8;
+
+/// Whether the request certainly never reached etcd (so even a write may be retried).
+fn not_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => {
+            i32::from(s.code()) == tonic_code::UNAVAILABLE && s.message().contains("connect")
+        }
+        _ => false,
+    }
+}
+
+/// Whether retrying is worth it for a read (anything transient).
+fn transient(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            i32::from(s.code()),
+            tonic_code::UNAVAILABLE | tonic_code::DEADLINE_EXCEEDED | tonic_code::UNKNOWN
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
 impl EtcdBackend {
+    /// Runs `f` against the current member; while members are unreachable, moves to the next
+    /// one and tries again (pausing after each full round): reads on any transient error,
+    /// writes (`idempotent == false`) only when the request was never sent.
+    async fn retry<T, F, Fut>(
+        &self,
+        idempotent: bool,
+        mut f: F,
+    ) -> std::result::Result<T, etcd_client::Error>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let n = self.inner.endpoints.len();
+        let mut idx = self.inner.current.load(Ordering::Relaxed) % n;
+        let mut delay = Duration::from_millis(50);
+        let mut attempt = 1;
+        loop {
+            let result = match self.member(idx).await {
+                Ok(client) => f(client).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(v) => {
+                    self.inner.current.store(idx, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Err(e)
+                    if attempt < ATTEMPTS.max(2 * n as u32)
+                        && (not_sent(&e) || (idempotent && transient(&e))) =>
+                {
+                    tracing::debug!(endpoint = %self.inner.endpoints[idx], error = %e, attempt, "etcd request failed; trying again");
+                    idx = (idx + 1) % n;
+                    self.inner.current.store(idx, Ordering::Relaxed);
+                    if attempt % n as u32 == 0 {
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_millis(800));
+                    }
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     async fn lease(&self, key: &str, ttl: Option<Duration>) -> Result<Option<PutOptions>> {
         let Some(ttl) = ttl else { return Ok(None) };
         let lease = self
-            .client
-            .clone()
-            .lease_grant(ttl_secs(ttl), None)
+            .retry(false, |mut c| async move {
+                c.lease_grant(ttl_secs(ttl), None).await
+            })
             .await
             .map_err(|e| self.err("lease grant for", key, e))?;
         Ok(Some(PutOptions::new().with_lease(lease.id())))
@@ -145,9 +263,10 @@ impl EtcdBackend {
     /// Runs `txn`; on failure returns the current value from the txn's `or_else` get.
     async fn txn(&self, op: &str, key: &str, txn: Txn) -> Result<(bool, i64, Option<KeyValue>)> {
         let resp = self
-            .client
-            .clone()
-            .txn(txn)
+            .retry(false, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await
             .map_err(|e| self.err(op, key, e))?;
         let revision = resp.header().map_or(0, |h| h.revision());
@@ -174,10 +293,12 @@ impl EtcdBackend {
 impl KvBackend for EtcdBackend {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         let resp = self
-            .client
-            .kv_client()
-            .max_decoding_message_size(MAX_MESSAGE)
-            .get(key, None)
+            .retry(true, |c| async move {
+                c.kv_client()
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .get(key, None)
+                    .await
+            })
             .await
             .map_err(|e| self.err("get", key, e))?;
         resp.kvs().first().map(convert).transpose()
@@ -185,10 +306,6 @@ impl KvBackend for EtcdBackend {
 
     async fn list(&self, prefix: &str) -> Result<ListResult> {
         let end = prefix_end(prefix);
-        let mut kv = self
-            .client
-            .kv_client()
-            .max_decoding_message_size(MAX_MESSAGE);
         let mut out = ListResult::default();
         let mut start: Vec<u8> = prefix.as_bytes().to_vec();
         loop {
@@ -199,8 +316,16 @@ impl KvBackend for EtcdBackend {
                 // Later pages read the same snapshot as the first.
                 opts = opts.with_revision(out.revision);
             }
-            let resp = kv
-                .get(start.clone(), Some(opts))
+            let resp = self
+                .retry(true, |c| {
+                    let (start, opts) = (start.clone(), opts.clone());
+                    async move {
+                        c.kv_client()
+                            .max_decoding_message_size(MAX_MESSAGE)
+                            .get(start, Some(opts))
+                            .await
+                    }
+                })
                 .await
                 .map_err(|e| self.err("list", prefix, e))?;
             if out.revision == 0 {
@@ -262,9 +387,10 @@ impl KvBackend for EtcdBackend {
             )])
             .or_else([TxnOp::get(key, None)]);
         let resp = self
-            .client
-            .clone()
-            .txn(txn)
+            .retry(false, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await
             .map_err(|e| self.err("update", key, e))?;
         let revision = resp.header().map_or(0, |h| h.revision());
@@ -331,13 +457,14 @@ impl KvBackend for EtcdBackend {
             .with_start_revision(after_revision + 1)
             .with_prev_key();
         let mut stream = self
-            .client
-            .clone()
-            .watch(prefix, Some(opts))
+            .retry(true, |mut c| {
+                let opts = opts.clone();
+                async move { c.watch(prefix, Some(opts)).await }
+            })
             .await
             .map_err(|e| self.err("watch", prefix, e))?;
         let (tx, rx) = mpsc::channel(16);
-        let endpoints = self.endpoints.clone();
+        let endpoints = self.inner.label.clone();
         let prefix = prefix.to_string();
         let task = tokio::spawn(async move {
             let fail = |e: DatastoreError| async { tx.send(Err(e)).await.ok() };
@@ -407,9 +534,7 @@ impl KvBackend for EtcdBackend {
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {
-        self.client
-            .clone()
-            .compact(revision, None)
+        self.retry(true, |mut c| async move { c.compact(revision, None).await })
             .await
             .map(|_| ())
             .map_err(|e| self.err("compact to revision", &revision.to_string(), e))
@@ -417,9 +542,9 @@ impl KvBackend for EtcdBackend {
 
     async fn revision(&self) -> Result<i64> {
         let resp = self
-            .client
-            .clone()
-            .get("/", Some(GetOptions::new().with_count_only()))
+            .retry(true, |mut c| async move {
+                c.get("/", Some(GetOptions::new().with_count_only())).await
+            })
             .await
             .map_err(|e| self.err("read revision", "", e))?;
         Ok(resp.header().map_or(0, |h| h.revision()))

@@ -14,6 +14,7 @@ pub mod error;
 pub mod keys;
 pub mod kv;
 pub mod mem;
+pub mod syncer;
 pub mod util;
 
 pub use any::AnyBackend;
@@ -22,6 +23,7 @@ pub use config::{DatastoreConfig, DatastoreType};
 pub use error::{DatastoreError, Result};
 pub use kv::{KeyValue, KvBackend, KvEvent, ListResult, Watch};
 pub use mem::MemBackend;
+pub use syncer::{SyncStatus, SyncerEvent, SyncerOptions, Update, UpdateType, WatcherSyncer};
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
