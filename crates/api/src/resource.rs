@@ -182,6 +182,20 @@ macro_rules! resources {
                 r.set_type_meta();
                 Ok(r)
             }
+
+            /// Decodes JSON bytes known to hold a resource of `kind` in one pass (the fast path
+            /// for stored values). Returns None if the bytes do not decode, or if their
+            /// apiVersion or kind is not what was expected; callers then take the slow path
+            /// ([`crate::codec::decode_value`]) for an error that names the field.
+            pub fn from_json_slice_fast(kind: Kind, bytes: &[u8]) -> Option<Resource> {
+                match kind {
+                    $(Kind::$name => {
+                        let r: $name = serde_json::from_slice(bytes).ok()?;
+                        (r.api_version == API_VERSION && r.kind == stringify!($name))
+                            .then_some(Resource::$name(r))
+                    })*
+                }
+            }
         }
     };
 }

@@ -37,12 +37,13 @@ pub enum ResourceEvent {
     Put {
         key: ResourceKey,
         resource: Resource,
-        old: Option<Resource>,
+        /// The previous stored value, undecoded (see [`decode`]): most consumers never need it.
+        old: Option<KeyValue>,
         revision: i64,
     },
     Deleted {
         key: ResourceKey,
-        old: Option<Resource>,
+        old: Option<KeyValue>,
         revision: i64,
     },
     /// A stored value that could not be decoded: the watch goes on.
@@ -91,11 +92,13 @@ impl<B: KvBackend> Client<B> {
             revision: listed.revision,
             ..ResourceList::default()
         };
-        for kv in &listed.kvs {
-            match decode(kv) {
+        out.items.reserve(listed.kvs.len());
+        // Consume the raw values as they are decoded, so both copies never coexist in full.
+        for kv in listed.kvs {
+            match decode(&kv) {
                 Ok(r) if r.kind() == kind && r.name().starts_with(name_prefix) => out.items.push(r),
                 Ok(_) => {}
-                Err(e) => out.undecodable.push((kv.key.clone(), e.to_string())),
+                Err(e) => out.undecodable.push((kv.key, e.to_string())),
             }
         }
         Ok(out)
@@ -267,7 +270,6 @@ impl ResourceWatch {
 
 /// Turns a raw event into a typed one.
 pub fn resource_event(e: &KvEvent) -> ResourceEvent {
-    let decode_opt = |kv: &Option<KeyValue>| kv.as_ref().and_then(|kv| decode(kv).ok());
     let Some(key) = parse_resource_path(e.key()) else {
         return ResourceEvent::Undecodable {
             path: e.key().to_string(),
@@ -280,7 +282,7 @@ pub fn resource_event(e: &KvEvent) -> ResourceEvent {
             Ok(resource) => ResourceEvent::Put {
                 key,
                 resource,
-                old: decode_opt(prev),
+                old: prev.clone(),
                 revision: kv.mod_revision,
             },
             Err(err) => ResourceEvent::Undecodable {
@@ -291,7 +293,7 @@ pub fn resource_event(e: &KvEvent) -> ResourceEvent {
         },
         KvEvent::Delete { revision, prev, .. } => ResourceEvent::Deleted {
             key,
-            old: decode_opt(prev),
+            old: prev.clone(),
             revision: *revision,
         },
     }
@@ -300,10 +302,21 @@ pub fn resource_event(e: &KvEvent) -> ResourceEvent {
 /// Decodes a stored value, checks it belongs at its key, and sets resourceVersion.
 pub fn decode(kv: &KeyValue) -> Result<Resource> {
     let bad = |why: String| DatastoreError::invalid(format!("stored value at {}: {why}", kv.key));
-    let value: serde_json::Value =
-        serde_json::from_slice(&kv.value).map_err(|e| bad(format!("not JSON: {e}")))?;
-    let mut r = margay_api::codec::decode_value(value).map_err(|e| bad(e.to_string()))?;
-    if let Some(key) = parse_resource_path(&kv.key)
+    let key = parse_resource_path(&kv.key);
+    // The key names the kind, so a well-formed value decodes in one pass; anything else takes
+    // the slow path, which explains what is wrong.
+    let fast = key
+        .as_ref()
+        .and_then(|k| Resource::from_json_slice_fast(k.kind, &kv.value));
+    let mut r = match fast {
+        Some(r) => r,
+        None => {
+            let value: serde_json::Value =
+                serde_json::from_slice(&kv.value).map_err(|e| bad(format!("not JSON: {e}")))?;
+            margay_api::codec::decode_value(value).map_err(|e| bad(e.to_string()))?
+        }
+    };
+    if let Some(key) = key
         && (key.kind != r.kind() || key.name != r.name() || key.namespace != r.namespace())
     {
         return Err(bad(format!("holds {} instead of {key}", r.key())));

@@ -455,11 +455,19 @@ impl KvBackend for EtcdBackend {
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(after_revision + 1)
-            .with_prev_key();
+            .with_prev_key()
+            .with_fragment();
         let mut stream = self
-            .retry(true, |mut c| {
+            .retry(true, |c| {
                 let opts = opts.clone();
-                async move { c.watch(prefix, Some(opts)).await }
+                async move {
+                    // A catch-up response can hold thousands of events; tonic's default 4 MiB
+                    // limit would fail the watch.
+                    c.watch_client()
+                        .max_decoding_message_size(MAX_MESSAGE)
+                        .watch(prefix, Some(opts))
+                        .await
+                }
             })
             .await
             .map_err(|e| self.err("watch", prefix, e))?;

@@ -217,7 +217,8 @@ impl<B: KvBackend + Clone> KindLoop<B> {
         loop {
             // List (or re-list), diff against the cache, then watch from the list's revision.
             self.stats.resyncs.fetch_add(1, Ordering::Relaxed);
-            let listed = match self.client.list(self.kind, None, "").await {
+            let prefix = crate::keys::kind_prefix(self.kind, None, "");
+            let listed = match self.client.backend().list(&prefix).await {
                 Ok(l) => l,
                 Err(e) => {
                     tracing::warn!(kind = %self.kind, error = %e, "list failed; retrying in {delay:?}");
@@ -230,18 +231,42 @@ impl<B: KvBackend + Clone> KindLoop<B> {
                 }
             };
             delay = self.options.retry_delay;
-            for (path, error) in &listed.undecodable {
-                self.report_undecodable(path, listed.revision, error);
+            let revision = listed.revision;
+            // Decode and send in chunks while consuming the raw listing, so a 100k-key kind
+            // never holds every decoded value at once; deletions follow once all is seen.
+            let mut seen = HashSet::with_capacity(listed.kvs.len());
+            let mut chunk = Vec::new();
+            for kv in listed.kvs {
+                match crate::client::decode(&kv) {
+                    Ok(r) if r.kind() == self.kind => {
+                        let key = r.key();
+                        seen.insert(key.clone());
+                        if let Some(u) = self.observe(key, r, kv.mod_revision) {
+                            chunk.push(u);
+                        }
+                    }
+                    Ok(_) => {}
+                    // Not in `seen`: a cached value for this key is deleted below.
+                    Err(e) => self.report_undecodable(&kv.key, kv.mod_revision, &e.to_string()),
+                }
+                if chunk.len() >= self.options.max_batch
+                    && tx
+                        .send(KindMessage::Updates(std::mem::take(&mut chunk)))
+                        .await
+                        .is_err()
+                {
+                    return;
+                }
             }
-            let updates = self.diff(listed.items, listed.revision);
+            chunk.extend(self.vanished(&seen, revision));
             if tx
-                .send(KindMessage::Listed(self.kind, updates))
+                .send(KindMessage::Listed(self.kind, chunk))
                 .await
                 .is_err()
             {
                 return;
             }
-            let mut watch = match self.client.watch(self.kind, None, listed.revision).await {
+            let mut watch = match self.client.watch(self.kind, None, revision).await {
                 Ok(w) => w,
                 Err(e) => {
                     self.stats.watch_errors.fetch_add(1, Ordering::Relaxed);
@@ -283,47 +308,40 @@ impl<B: KvBackend + Clone> KindLoop<B> {
         }
     }
 
-    /// Updates that bring a consumer from the cached state to the listed one.
-    fn diff(&mut self, items: Vec<Resource>, revision: i64) -> Vec<Update> {
-        let mut updates = Vec::new();
-        let mut seen = HashSet::with_capacity(items.len());
-        for r in items {
-            let key = r.key();
-            let rev = r
-                .metadata()
-                .resource_version
-                .parse::<i64>()
-                .unwrap_or(revision);
-            seen.insert(key.clone());
-            let update_type = match self.cache.get(&key) {
-                Some(old) if *old == rev => continue,
-                Some(_) => UpdateType::Updated,
-                None => UpdateType::New,
-            };
-            self.cache.insert(key.clone(), rev);
-            updates.push(Update {
-                key,
-                value: Some(r),
-                revision: rev,
-                update_type,
-            });
-        }
+    /// The update (if any) that a listed value means for a consumer of the cached state.
+    fn observe(&mut self, key: ResourceKey, resource: Resource, revision: i64) -> Option<Update> {
+        let update_type = match self.cache.insert(key.clone(), revision) {
+            Some(old) if old == revision => return None,
+            Some(_) => UpdateType::Updated,
+            None => UpdateType::New,
+        };
+        Some(Update {
+            key,
+            value: Some(resource),
+            revision,
+            update_type,
+        })
+    }
+
+    /// Deletions for cached keys a complete listing did not contain.
+    fn vanished(&mut self, seen: &HashSet<ResourceKey>, revision: i64) -> Vec<Update> {
         let gone: Vec<ResourceKey> = self
             .cache
             .keys()
             .filter(|k| !seen.contains(*k))
             .cloned()
             .collect();
-        for key in gone {
-            self.cache.remove(&key);
-            updates.push(Update {
-                key,
-                value: None,
-                revision,
-                update_type: UpdateType::Deleted,
-            });
-        }
-        updates
+        gone.into_iter()
+            .map(|key| {
+                self.cache.remove(&key);
+                Update {
+                    key,
+                    value: None,
+                    revision,
+                    update_type: UpdateType::Deleted,
+                }
+            })
+            .collect()
     }
 
     fn apply_events(&mut self, events: &[ResourceEvent]) -> Vec<Update> {

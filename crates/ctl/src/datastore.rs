@@ -1,0 +1,132 @@
+//! Choosing and reaching the datastore: `--config FILE`, else calicoctl's default config file
+//! if it exists, else the environment.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use margay_datastore::config::DEFAULT_CTL_CONFIG;
+use margay_datastore::{AnyBackend, Client, DatastoreConfig, DatastoreError, KvBackend};
+
+use crate::{EXIT_INVALID, EXIT_USAGE};
+
+/// How long connecting and the first request may take before the datastore is reported
+/// unreachable (the etcd client has its own, shorter, timeouts; this is the last resort).
+const REACH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A connected client and a description of where it points, for messages.
+pub(crate) struct Connection<B> {
+    pub client: Client<B>,
+    pub describe: String,
+}
+
+/// Why no connection could be made, and the exit code to report it with.
+#[derive(Debug)]
+pub(crate) struct ConnectFailure {
+    pub message: String,
+    pub code: u8,
+}
+
+/// Opens the datastore for a command. The real implementation reads the configuration; tests
+/// hand out an in-memory store.
+pub(crate) trait Connector {
+    type Backend: KvBackend;
+
+    async fn connect(
+        &self,
+        config: Option<&Path>,
+    ) -> Result<Connection<Self::Backend>, ConnectFailure>;
+}
+
+/// The datastore named by `--config`, /etc/calico/calicoctl.cfg or the environment.
+pub(crate) struct EnvConnector;
+
+impl Connector for EnvConnector {
+    type Backend = AnyBackend;
+
+    async fn connect(
+        &self,
+        config: Option<&Path>,
+    ) -> Result<Connection<AnyBackend>, ConnectFailure> {
+        let cfg = resolve(config).map_err(|message| ConnectFailure {
+            message,
+            code: EXIT_USAGE,
+        })?;
+        let describe = cfg.describe();
+        let unreachable = |reason: String| ConnectFailure {
+            message: format!("cannot reach the datastore ({describe}): {reason}"),
+            code: EXIT_INVALID,
+        };
+        let backend = match tokio::time::timeout(REACH_TIMEOUT, cfg.connect()).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => return Err(unreachable(why(e))),
+            Err(_) => return Err(unreachable(format!("no answer within {REACH_TIMEOUT:?}"))),
+        };
+        // Connecting may be lazy: one cheap request tells now, with a clear message, whether
+        // the store answers, instead of a failure per resource later.
+        match tokio::time::timeout(REACH_TIMEOUT, backend.revision()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(unreachable(why(e))),
+            Err(_) => return Err(unreachable(format!("no answer within {REACH_TIMEOUT:?}"))),
+        }
+        Ok(Connection {
+            client: Client::new(backend),
+            describe,
+        })
+    }
+}
+
+/// The reason without the "datastore unavailable"/"invalid" prefix the message already says.
+fn why(e: DatastoreError) -> String {
+    match e {
+        DatastoreError::Unavailable { reason } | DatastoreError::Invalid { reason } => reason,
+        other => other.to_string(),
+    }
+}
+
+/// The datastore configuration, as calicoctl finds it.
+fn resolve(config: Option<&Path>) -> Result<DatastoreConfig, String> {
+    if let Some(path) = config {
+        if !path.exists() {
+            return Err(format!(
+                "the datastore config file {} does not exist",
+                path.display()
+            ));
+        }
+        return DatastoreConfig::from_file(path).map_err(why);
+    }
+    let default = Path::new(DEFAULT_CTL_CONFIG);
+    if default.exists() {
+        return DatastoreConfig::from_file(default).map_err(why);
+    }
+    DatastoreConfig::from_env().map_err(|e| format!("datastore configuration: {}", why(e)))
+}
+
+/// A current-thread runtime for one command, or None after reporting why there is none.
+pub(crate) fn runtime(err: &mut dyn Write) -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            let _ = writeln!(err, "error: cannot start the async runtime: {e}");
+            None
+        }
+    }
+}
+
+/// Connects, or reports why not and returns the exit code.
+pub(crate) async fn connect_or_report<C: Connector>(
+    connector: &C,
+    config: Option<&Path>,
+    err: &mut dyn Write,
+) -> std::io::Result<Result<Connection<C::Backend>, u8>> {
+    match connector.connect(config).await {
+        Ok(c) => Ok(Ok(c)),
+        Err(f) => {
+            writeln!(err, "error: {}", f.message)?;
+            Ok(Err(f.code))
+        }
+    }
+}

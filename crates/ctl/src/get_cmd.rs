@@ -1,0 +1,314 @@
+//! `get KIND [NAME...]`: resources as a table, YAML, JSON or names.
+
+use std::io::Write;
+use std::path::Path;
+
+use clap::Args;
+use margay_api::codec::{to_json, to_yaml};
+use margay_api::resource::API_VERSION;
+use margay_api::{Kind, Resource};
+use margay_datastore::{Client, DatastoreError, KvBackend};
+use margay_selector::Selector;
+use serde_json::{Value, json};
+
+use crate::datastore::{Connector, connect_or_report};
+use crate::kinds::{key_of, namespace_or_default, parse_kind};
+use crate::report::reason;
+use crate::table::{TableContext, check_headings, default_headings, render};
+use crate::{EXIT_INVALID, EXIT_OK, EXIT_USAGE};
+
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The kind to show (singular, plural or short form: ippools, gnp, networkpolicy, wep, ...).
+    #[arg(value_name = "KIND")]
+    pub kind: String,
+    /// Show only these resources (default: all of the kind).
+    #[arg(value_name = "NAME")]
+    pub names: Vec<String>,
+    /// Namespace of namespaced kinds (default: `default`); adds a NAMESPACE column.
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// List namespaced kinds across all namespaces (with a NAMESPACE column).
+    #[arg(short = 'A', long, short_alias = 'a', conflicts_with = "namespace")]
+    pub all_namespaces: bool,
+    /// Output format: ps (a table, the default), wide (a table with more columns), yaml, json,
+    /// name (`kind.projectcalico.org/NAME` per line) or custom-columns=COL1,COL2,...
+    #[arg(short = 'o', long, value_name = "FORMAT", default_value = "ps")]
+    pub output: String,
+    /// Show only resources whose labels match this selector (Calico syntax, e.g.
+    /// `app == "web" && has(tier)`).
+    #[arg(short = 'l', long = "selector", value_name = "SELECTOR")]
+    pub selector: Option<String>,
+    /// Leave out cluster-specific metadata (uid, resourceVersion, creationTimestamp,
+    /// namespace) of named resources, to copy them elsewhere.
+    #[arg(long)]
+    pub export: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Output {
+    Table { wide: bool },
+    Columns(Vec<String>),
+    Yaml,
+    Json,
+    Name,
+}
+
+fn parse_output(s: &str) -> Result<Output, String> {
+    match s {
+        "ps" => Ok(Output::Table { wide: false }),
+        "wide" => Ok(Output::Table { wide: true }),
+        "yaml" | "yml" => Ok(Output::Yaml),
+        "json" => Ok(Output::Json),
+        "name" => Ok(Output::Name),
+        _ => match s.split_once('=') {
+            Some(("custom-columns", cols)) => {
+                let cols: Vec<String> = cols
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_ascii_uppercase)
+                    .collect();
+                if cols.is_empty() {
+                    Err("need to specify at least one column".to_string())
+                } else {
+                    Ok(Output::Columns(cols))
+                }
+            }
+            Some(("go-template" | "go-template-file", _)) => Err(format!(
+                "output format '{s}' is not supported by margay (use yaml or json with a tool such as jq)"
+            )),
+            _ => Err(format!(
+                "unrecognized output format '{s}' (use ps, wide, yaml, json, name or custom-columns=...)"
+            )),
+        },
+    }
+}
+
+pub(crate) async fn run<C: Connector>(
+    a: &GetArgs,
+    config: Option<&Path>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    connector: &C,
+) -> std::io::Result<u8> {
+    let usage = |err: &mut dyn Write, m: &str| -> std::io::Result<u8> {
+        writeln!(err, "error: {m}")?;
+        Ok(EXIT_USAGE)
+    };
+    let kind = match parse_kind(&a.kind) {
+        Ok(k) => k,
+        Err(e) => return usage(err, &e),
+    };
+    let output = match parse_output(&a.output) {
+        Ok(o) => o,
+        Err(e) => return usage(err, &e),
+    };
+    if let Output::Columns(cols) = &output
+        && let Err(e) = check_headings(kind, cols)
+    {
+        return usage(err, &e);
+    }
+    let selector = match a.selector.as_deref().map(Selector::parse).transpose() {
+        Ok(s) => s,
+        Err(e) => return usage(err, &format!("invalid selector: {e}")),
+    };
+    let namespace = a.namespace.as_deref().filter(|n| !n.is_empty());
+    if !kind.is_namespaced() && namespace.is_some() {
+        return usage(err, &format!("{kind} is not namespaced"));
+    }
+    let all_namespaces = a.all_namespaces && kind.is_namespaced();
+    if all_namespaces && !a.names.is_empty() {
+        return usage(
+            err,
+            "cannot use --all-namespaces to get resources by name (use -n NAMESPACE)",
+        );
+    }
+    if a.names.iter().any(String::is_empty) {
+        return usage(err, "resource name may not be empty");
+    }
+    let conn = match connect_or_report(connector, config, err).await? {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    let client = &conn.client;
+    let ns = namespace_or_default(namespace);
+    let mut problems = Vec::new();
+    let mut revision = None;
+    let mut resources = Vec::new();
+    if a.names.is_empty() {
+        let scope = (!all_namespaces).then_some(ns);
+        match client.list(kind, scope, "").await {
+            Ok(list) => {
+                revision = Some(list.revision);
+                resources = list.items;
+                for (key, e) in list.undecodable {
+                    problems.push(format!("cannot decode the stored value at {key}: {e}"));
+                }
+            }
+            Err(e) => {
+                writeln!(
+                    err,
+                    "failed to get resources: {}",
+                    list_reason(&e, &conn.describe)
+                )?;
+                return Ok(EXIT_INVALID);
+            }
+        }
+    } else {
+        for name in &a.names {
+            let key = key_of(kind, ns, name);
+            match client.get(&key).await {
+                Ok(r) => resources.push(r),
+                Err(e @ DatastoreError::Unavailable { .. }) => {
+                    writeln!(
+                        err,
+                        "failed to get resources: {}",
+                        list_reason(&e, &conn.describe)
+                    )?;
+                    return Ok(EXIT_INVALID);
+                }
+                Err(e) => problems.push(reason(&e, &key)),
+            }
+        }
+    }
+    if let Some(sel) = &selector {
+        resources.retain(|r| sel.matches(&r.metadata().labels));
+    }
+    if a.export && !a.names.is_empty() {
+        for r in &mut resources {
+            export(r);
+        }
+    }
+    let print_namespace = all_namespaces || namespace.is_some();
+    let listing = a.names.is_empty();
+    match output {
+        Output::Table { wide } => {
+            let headings: Vec<String> = default_headings(kind, wide)
+                .iter()
+                .map(|h| h.to_string())
+                .collect();
+            let ctx = table_context(client, kind, &headings).await;
+            if listing || !resources.is_empty() {
+                write!(
+                    out,
+                    "{}",
+                    render(kind, &headings, print_namespace, &resources, &ctx)
+                )?;
+            }
+        }
+        Output::Columns(headings) => {
+            let ctx = table_context(client, kind, &headings).await;
+            if listing || !resources.is_empty() {
+                write!(out, "{}", render(kind, &headings, false, &resources, &ctx))?;
+            }
+        }
+        Output::Name => {
+            for r in &resources {
+                writeln!(
+                    out,
+                    "{}.projectcalico.org/{}",
+                    kind.name().to_ascii_lowercase(),
+                    r.name()
+                )?;
+            }
+        }
+        Output::Yaml | Output::Json => {
+            let value = if !listing && resources.len() == 1 {
+                serde_json::to_value(&resources[0])
+            } else if listing || resources.len() > 1 {
+                list_value(kind, &resources, revision)
+            } else {
+                Ok(Value::Null)
+            };
+            let text = match value {
+                Ok(Value::Null) => None,
+                Ok(v) if output == Output::Yaml => Some(to_yaml(&v).map_err(|e| e.to_string())),
+                Ok(v) => Some(
+                    to_json(&v, true)
+                        .map(|s| s + "\n")
+                        .map_err(|e| e.to_string()),
+                ),
+                Err(e) => Some(Err(e.to_string())),
+            };
+            match text {
+                Some(Ok(t)) => write!(out, "{t}")?,
+                Some(Err(e)) => problems.push(format!("cannot encode the output: {e}")),
+                None => {}
+            }
+        }
+    }
+    for p in &problems {
+        writeln!(err, "{p}")?;
+    }
+    Ok(if problems.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_INVALID
+    })
+}
+
+fn list_reason(e: &DatastoreError, describe: &str) -> String {
+    match e {
+        DatastoreError::Unavailable { reason } => {
+            format!("cannot reach the datastore ({describe}): {reason}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Several resources of one kind as calicoctl prints a listing: a `<Kind>List` with the
+/// revision it was read at.
+fn list_value(
+    kind: Kind,
+    resources: &[Resource],
+    revision: Option<i64>,
+) -> Result<Value, serde_json::Error> {
+    let items = resources
+        .iter()
+        .map(serde_json::to_value)
+        .collect::<Result<Vec<_>, _>>()?;
+    let metadata = match revision {
+        Some(r) => json!({ "resourceVersion": r.to_string() }),
+        None => json!({}),
+    };
+    Ok(json!({
+        "apiVersion": API_VERSION,
+        "kind": kind.list_name(),
+        "items": items,
+        "metadata": metadata,
+    }))
+}
+
+/// `--export`: drop what ties the resource to this cluster.
+fn export(r: &mut Resource) {
+    let m = r.metadata_mut();
+    m.namespace.clear();
+    m.uid.clear();
+    m.resource_version.clear();
+    m.creation_timestamp = None;
+    m.deletion_timestamp = None;
+    m.deletion_grace_period_seconds = None;
+}
+
+/// What the table needs besides the resources: the default AS number for nodes.
+async fn table_context<B: KvBackend>(
+    client: &Client<B>,
+    kind: Kind,
+    headings: &[String],
+) -> TableContext {
+    let mut ctx = TableContext::default();
+    if kind == Kind::Node && headings.iter().any(|h| h == "ASN") {
+        let key = key_of(Kind::BGPConfiguration, "", "default");
+        ctx.default_asn = Some(match client.get(&key).await {
+            Ok(Resource::BGPConfiguration(c)) => c
+                .spec
+                .as_number
+                .map_or_else(|| "64512".to_string(), |a| a.to_string()),
+            Ok(_) => "unknown".to_string(),
+            Err(DatastoreError::NotFound { .. }) => "64512".to_string(),
+            Err(_) => "unknown".to_string(),
+        });
+    }
+    ctx
+}
