@@ -27,6 +27,14 @@ pub(crate) struct ConnectFailure {
     pub code: u8,
 }
 
+/// What a command does to the store: only `create` and `apply` may bring a new embedded
+/// store into being; reading or changing existing resources needs one that exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    MayCreate,
+    Existing,
+}
+
 /// Opens the datastore for a command. The real implementation reads the configuration; tests
 /// hand out an in-memory store.
 pub(crate) trait Connector {
@@ -35,6 +43,7 @@ pub(crate) trait Connector {
     async fn connect(
         &self,
         config: Option<&Path>,
+        access: Access,
     ) -> Result<Connection<Self::Backend>, ConnectFailure>;
 }
 
@@ -47,6 +56,7 @@ impl Connector for EnvConnector {
     async fn connect(
         &self,
         config: Option<&Path>,
+        access: Access,
     ) -> Result<Connection<AnyBackend>, ConnectFailure> {
         let cfg = resolve(config).map_err(|message| ConnectFailure {
             message,
@@ -57,7 +67,13 @@ impl Connector for EnvConnector {
             message: format!("cannot reach the datastore ({describe}): {reason}"),
             code: EXIT_INVALID,
         };
-        let backend = match tokio::time::timeout(REACH_TIMEOUT, cfg.connect()).await {
+        let open = async {
+            match access {
+                Access::MayCreate => cfg.connect().await,
+                Access::Existing => cfg.connect_existing().await,
+            }
+        };
+        let backend = match tokio::time::timeout(REACH_TIMEOUT, open).await {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => return Err(unreachable(why(e))),
             Err(_) => return Err(unreachable(format!("no answer within {REACH_TIMEOUT:?}"))),
@@ -120,9 +136,10 @@ pub(crate) fn runtime(err: &mut dyn Write) -> Option<tokio::runtime::Runtime> {
 pub(crate) async fn connect_or_report<C: Connector>(
     connector: &C,
     config: Option<&Path>,
+    access: Access,
     err: &mut dyn Write,
 ) -> std::io::Result<Result<Connection<C::Backend>, u8>> {
-    match connector.connect(config).await {
+    match connector.connect(config, access).await {
         Ok(c) => Ok(Ok(c)),
         Err(f) => {
             writeln!(err, "error: {}", f.message)?;

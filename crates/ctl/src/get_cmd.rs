@@ -11,7 +11,7 @@ use margay_datastore::{Client, DatastoreError, KvBackend};
 use margay_selector::Selector;
 use serde_json::{Value, json};
 
-use crate::datastore::{Connector, connect_or_report};
+use crate::datastore::{Access, Connector, connect_or_report};
 use crate::kinds::{key_of, namespace_or_default, parse_kind};
 use crate::report::reason;
 use crate::table::{TableContext, check_headings, default_headings, render};
@@ -127,7 +127,7 @@ pub(crate) async fn run<C: Connector>(
     if a.names.iter().any(String::is_empty) {
         return usage(err, "resource name may not be empty");
     }
-    let conn = match connect_or_report(connector, config, err).await? {
+    let conn = match connect_or_report(connector, config, Access::Existing, err).await? {
         Ok(c) => c,
         Err(code) => return Ok(code),
     };

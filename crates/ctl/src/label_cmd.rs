@@ -7,7 +7,7 @@ use clap::Args;
 use margay_api::ResourceKey;
 use margay_datastore::{Client, DatastoreError, KvBackend};
 
-use crate::datastore::{Connector, connect_or_report};
+use crate::datastore::{Access, Connector, connect_or_report};
 use crate::kinds::{key_of, namespace_or_default, parse_kind};
 use crate::report::reason;
 use crate::{EXIT_INVALID, EXIT_OK, EXIT_USAGE};
@@ -83,7 +83,7 @@ pub(crate) async fn run<C: Connector>(
         writeln!(err, "error: resource name may not be empty")?;
         return Ok(EXIT_USAGE);
     }
-    let conn = match connect_or_report(connector, config, err).await? {
+    let conn = match connect_or_report(connector, config, Access::Existing, err).await? {
         Ok(c) => c,
         Err(code) => return Ok(code),
     };

@@ -8,7 +8,7 @@ use clap::Parser;
 use margay_api::{Kind, Resource, ResourceKey};
 use margay_datastore::{Client, MemBackend};
 
-use crate::datastore::{ConnectFailure, Connection, Connector};
+use crate::datastore::{Access, ConnectFailure, Connection, Connector};
 use crate::table::go_float;
 use crate::{CtlArgs, EXIT_INVALID, EXIT_OK, EXIT_USAGE, Ui, run_with};
 
@@ -20,7 +20,11 @@ struct MemConnector {
 impl Connector for MemConnector {
     type Backend = MemBackend;
 
-    async fn connect(&self, _: Option<&Path>) -> Result<Connection<MemBackend>, ConnectFailure> {
+    async fn connect(
+        &self,
+        _: Option<&Path>,
+        _: Access,
+    ) -> Result<Connection<MemBackend>, ConnectFailure> {
         Ok(Connection {
             client: self.client.clone(),
             describe: "in-memory datastore".to_string(),
@@ -34,7 +38,11 @@ struct Unreachable;
 impl Connector for Unreachable {
     type Backend = MemBackend;
 
-    async fn connect(&self, _: Option<&Path>) -> Result<Connection<MemBackend>, ConnectFailure> {
+    async fn connect(
+        &self,
+        _: Option<&Path>,
+        _: Access,
+    ) -> Result<Connection<MemBackend>, ConnectFailure> {
         Err(ConnectFailure {
             message: "cannot reach the datastore (etcd at http://127.0.0.1:1): connection refused"
                 .to_string(),

@@ -8,7 +8,7 @@ use clap::Args;
 use margay_api::{Kind, Resource, ResourceKey};
 use margay_datastore::{Client, DatastoreError, KvBackend};
 
-use crate::datastore::{Connector, connect_or_report};
+use crate::datastore::{Access, Connector, connect_or_report};
 use crate::input::{Item, Loaded, Sources, load};
 use crate::kinds::{ident, key_of, namespace_or_default, parse_kind};
 use crate::report::{Progress, reason, stale};
@@ -302,7 +302,7 @@ pub(crate) async fn run_delete<C: Connector>(
     }
     let ns = namespace_or_default(namespace);
     let keys: Vec<ResourceKey> = a.names.iter().map(|n| key_of(kind, ns, n)).collect();
-    let conn = match connect_or_report(connector, config, err).await? {
+    let conn = match connect_or_report(connector, config, Access::Existing, err).await? {
         Ok(c) => c,
         Err(code) => return Ok(code),
     };
@@ -382,7 +382,11 @@ async fn run_loaded<C: Connector>(
     }
     let mut tally = Tally::default();
     if !loaded.items.is_empty() {
-        let conn = match connect_or_report(connector, config, err).await? {
+        let access = match action {
+            Action::Create { .. } | Action::Apply => Access::MayCreate,
+            Action::Replace | Action::Delete { .. } => Access::Existing,
+        };
+        let conn = match connect_or_report(connector, config, access, err).await? {
             Ok(c) => c,
             Err(code) => return Ok(code),
         };

@@ -173,11 +173,15 @@ impl<B: KvBackend> Client<B> {
         with_version(resource, &kv)
     }
 
-    /// Creates the resource, or updates it if it exists (compare-and-swap on the version read).
-    /// Retries a few times if another writer gets in between.
+    /// Creates the resource, or updates it if it exists. With `metadata.resourceVersion` set
+    /// the update is a compare-and-swap on that version (and fails with `Conflict`); without
+    /// it, on the version just read, retrying a few times if another writer gets in between.
     pub async fn apply(&self, resource: Resource) -> Result<(Resource, Applied)> {
         let mut resource = resource;
         prepare(&mut resource)?;
+        if !resource.metadata().resource_version.is_empty() {
+            return self.update(resource).await.map(|r| (r, Applied::Updated));
+        }
         let key = resource.key();
         let path = resource_path(&key);
         let mut last_conflict = None;

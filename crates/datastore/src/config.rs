@@ -211,12 +211,24 @@ impl DatastoreConfig {
         }
     }
 
-    /// Opens the configured datastore.
+    /// Opens the configured datastore, creating the embedded store's file if needed.
     pub async fn connect(&self) -> Result<AnyBackend> {
+        self.open(false).await
+    }
+
+    /// Opens the configured datastore for reading or changing existing data: an embedded
+    /// store that does not exist yet is an error rather than a new empty file.
+    pub async fn connect_existing(&self) -> Result<AnyBackend> {
+        self.open(true).await
+    }
+
+    async fn open(&self, must_exist: bool) -> Result<AnyBackend> {
+        let _ = must_exist; // only the embedded store can be created by opening it
         match self.datastore_type {
             #[cfg(feature = "local")]
             DatastoreType::Local => {
-                let opts = crate::local::LocalOptions::new(self.local_path.clone());
+                let mut opts = crate::local::LocalOptions::new(self.local_path.clone());
+                opts.must_exist = must_exist;
                 let b = crate::local::LocalBackend::open(opts)?;
                 Ok(AnyBackend::Local(b))
             }

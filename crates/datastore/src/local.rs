@@ -154,6 +154,9 @@ pub struct LocalOptions {
     pub retain_revisions: u64,
     /// How often to look for commits by other processes (bounds cross-process watch latency).
     pub poll_interval: Duration,
+    /// Fail instead of creating the file when it does not exist (for commands that only read
+    /// or change existing data: a mistyped DATASTORE_PATH must not create an empty store).
+    pub must_exist: bool,
 }
 
 impl LocalOptions {
@@ -172,6 +175,7 @@ impl Default for LocalOptions {
             synchronous_full: false,
             retain_revisions: 100_000,
             poll_interval: Duration::from_millis(5),
+            must_exist: false,
         }
     }
 }
@@ -955,6 +959,12 @@ impl LocalBackend {
     /// Opens (creating if needed) the datastore file and starts its poller thread.
     pub fn open(options: LocalOptions) -> Result<LocalBackend> {
         let path = options.path.clone();
+        if options.must_exist && !path.exists() {
+            return Err(DatastoreError::unavailable(format!(
+                "no datastore at {}: nothing has been stored there yet (check DATASTORE_PATH, or create resources first)",
+                path.display()
+            )));
+        }
         touch(&path)?;
         let mut writer = open_writer(&options).map_err(|e| describe_sql(&path, "opening", e))?;
         init_schema(&mut writer).map_err(|f| match f {

@@ -121,7 +121,8 @@ impl<B: KvBackend + Clone> WatcherSyncer<B> {
     /// Runs until `out` is closed. Never returns an error: datastore problems are retried
     /// with backoff and logged.
     pub async fn run(self, out: mpsc::Sender<SyncerEvent>) {
-        let (tx, mut rx) = mpsc::channel::<KindMessage>(64);
+        // Small: each message can hold a thousand decoded resources.
+        let (tx, mut rx) = mpsc::channel::<KindMessage>(4);
         let mut tasks = Vec::new();
         for kind in self.options.kinds.iter().copied() {
             let k = KindLoop {

@@ -63,12 +63,20 @@ impl Store {
                 db.display()
             ),
         );
-        Store {
+        let store = Store {
             etcd: None,
             dir,
             config,
             describe: format!("local datastore at {}", db.display()),
-        }
+        };
+        // Bring the (empty) store into being: only create and apply may create it.
+        let seed = store.file(
+            "seed.yaml",
+            "apiVersion: projectcalico.org/v3\nkind: Profile\nmetadata:\n  name: seed\n",
+        );
+        assert_eq!(run(store.ctl(&["create", "-f", &seed])).code, 0);
+        assert_eq!(run(store.ctl(&["delete", "profile", "seed"])).code, 0);
+        store
     }
 
     /// `margay ctl --config <ours> ARGS...`, with no datastore variables in the environment.
@@ -498,4 +506,21 @@ fn calicoctl_spellings_and_an_unknown_kind() {
     let r = run(s.ctl(&["get", "ippol"]));
     assert_eq!(r.code, 2, "{r:?}");
     assert!(r.err.contains("did you mean 'ippool'?"), "{r:?}");
+}
+
+#[test]
+fn reading_a_local_store_that_does_not_exist_fails_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("typo").join("ds.db");
+    let mut cmd = margay();
+    cmd.args(["ctl", "get", "ippools"])
+        .env("DATASTORE_TYPE", "local")
+        .env("DATASTORE_PATH", &db);
+    let r = run(cmd);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.err.contains("no datastore at"), "{r:?}");
+    assert!(
+        !db.exists() && !db.parent().unwrap().exists(),
+        "the store was created"
+    );
 }
