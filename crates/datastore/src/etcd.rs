@@ -130,6 +130,12 @@ fn map_error(endpoints: &str, op: &str, key: &str, e: etcd_client::Error) -> Dat
                     compacted: 0,
                 }
             }
+            // etcd answers InvalidArgument when authentication is on and no user was given.
+            tonic_code::INVALID_ARGUMENT if s.message().contains("user name is empty") => {
+                DatastoreError::unavailable(format!(
+                    "etcd at {endpoints} requires authentication for {op} {key}: set ETCD_USERNAME and ETCD_PASSWORD"
+                ))
+            }
             tonic_code::INVALID_ARGUMENT | tonic_code::FAILED_PRECONDITION => {
                 DatastoreError::invalid(format!("etcd rejected {op} {key}: {}", s.message()))
             }

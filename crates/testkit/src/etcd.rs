@@ -12,10 +12,129 @@ use crate::free_port;
 /// How long a member may take to become healthy.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Certificates for a TLS test: a CA, a server certificate for 127.0.0.1, and a client
+/// certificate, all PEM files in one directory.
+pub struct TestPki {
+    pub dir: PathBuf,
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl TestPki {
+    /// Generates a fresh CA and certificates with the `openssl` command.
+    pub fn generate(dir: &std::path::Path) -> io::Result<TestPki> {
+        let p = |n: &str| dir.join(n);
+        let run = |args: &[&str]| -> io::Result<()> {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .output()
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot run openssl ({e}); install it with scripts/setup"),
+                    )
+                })?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!(
+                    "openssl {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                )))
+            }
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        run(&[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca-key.pem",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=margay-test-ca",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        ]
+        .concat())?;
+        for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+            std::fs::write(
+                p(&format!("{name}.ext")),
+                format!(
+                    "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage={usage}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+                ),
+            )?;
+            let key = format!("{name}-key.pem");
+            let csr = format!("{name}.csr");
+            let cert = format!("{name}.pem");
+            let ext = format!("{name}.ext");
+            run(&[
+                &["req"][..],
+                &ec,
+                &[
+                    "-keyout",
+                    &key,
+                    "-out",
+                    &csr,
+                    "-subj",
+                    &format!("/CN=margay-test-{name}"),
+                ],
+            ]
+            .concat())?;
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca-key.pem",
+                "-CAcreateserial",
+                "-out",
+                &cert,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ])?;
+        }
+        Ok(TestPki {
+            dir: dir.to_path_buf(),
+            ca: p("ca.pem"),
+            server_cert: p("server.pem"),
+            server_key: p("server-key.pem"),
+            client_cert: p("client.pem"),
+            client_key: p("client-key.pem"),
+        })
+    }
+}
+
 /// One etcd process.
 pub struct EtcdServer {
     name: String,
     client_port: u16,
+    /// Plain-HTTP port for /health when the client port speaks TLS.
+    metrics_port: u16,
+    /// Server certificate, key and the CA clients must be signed by.
+    tls: Option<(PathBuf, PathBuf, PathBuf)>,
     peer_port: u16,
     initial_cluster: String,
     cluster_token: String,
@@ -29,6 +148,20 @@ impl EtcdServer {
     /// Starts a single-member etcd and waits until it is healthy.
     pub fn start() -> io::Result<EtcdServer> {
         let mut s = EtcdServer::prepare("m0", free_port()?, free_port()?, None, "margay-test")?;
+        s.spawn()?;
+        s.wait_healthy()?;
+        Ok(s)
+    }
+
+    /// Starts a single-member etcd whose client port speaks TLS and requires client
+    /// certificates signed by the test CA.
+    pub fn start_tls(pki: &TestPki) -> io::Result<EtcdServer> {
+        let mut s = EtcdServer::prepare("m0", free_port()?, free_port()?, None, "margay-test")?;
+        s.tls = Some((
+            pki.server_cert.clone(),
+            pki.server_key.clone(),
+            pki.ca.clone(),
+        ));
         s.spawn()?;
         s.wait_healthy()?;
         Ok(s)
@@ -54,6 +187,8 @@ impl EtcdServer {
         Ok(EtcdServer {
             name: name.to_string(),
             client_port,
+            metrics_port: free_port()?,
+            tls: None,
             peer_port,
             initial_cluster: initial_cluster
                 .unwrap_or_else(|| format!("{name}=http://127.0.0.1:{peer_port}")),
@@ -66,10 +201,19 @@ impl EtcdServer {
 
     fn spawn(&mut self) -> io::Result<()> {
         let log = std::fs::File::create(self.log_path())?;
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new("etcd")
+        let metrics = format!("http://127.0.0.1:{}", self.metrics_port);
+        let mut cmd = Command::new("etcd");
+        if let Some((cert, key, ca)) = &self.tls {
+            cmd.arg("--cert-file").arg(cert).arg("--key-file").arg(key);
+            cmd.arg("--trusted-ca-file")
+                .arg(ca)
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .args(["--name", &self.name])
+            .args(["--listen-metrics-urls", &metrics])
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
@@ -95,7 +239,8 @@ impl EtcdServer {
 
     /// The client URL, e.g. `http://127.0.0.1:40123`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     pub fn name(&self) -> &str {
@@ -129,7 +274,7 @@ impl EtcdServer {
     pub fn wait_healthy(&mut self) -> io::Result<()> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if health(self.client_port) {
+            if health(self.metrics_port) {
                 return Ok(());
             }
             if !self.is_running() {
