@@ -17,8 +17,8 @@ use tokio::sync::mpsc;
 
 const T: Duration = Duration::from_secs(10);
 
-fn start(
-    b: &MemBackend,
+fn start<B: KvBackend + Clone>(
+    b: &B,
     kinds: &[Kind],
     buffer: usize,
 ) -> (
@@ -87,7 +87,18 @@ async fn lists_then_reports_in_sync_then_streams_changes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_past_the_watcher_causes_a_difference_only_resync() {
-    let b = MemBackend::new();
+    compaction_resync(MemBackend::new()).await;
+}
+
+#[cfg(feature = "local")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_resync_on_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = margay_datastore::local::LocalOptions::new(dir.path().join("ds.db"));
+    compaction_resync(margay_datastore::local::LocalBackend::open(opts).unwrap()).await;
+}
+
+async fn compaction_resync<B: KvBackend + Clone>(b: B) {
     let c = Client::new(b.clone());
     for i in 0..50 {
         c.create(pool(&format!("keep{i}"), i)).await.unwrap();
