@@ -18,15 +18,10 @@ use clap::{Parser, Subcommand};
     propagate_version = true
 )]
 struct Cli {
-    /// Log level for diagnostics on stderr: error, warn, info, debug or trace.
-    #[arg(
-        long,
-        global = true,
-        value_name = "LEVEL",
-        default_value = "warn",
-        env = "MARGAY_LOG_LEVEL"
-    )]
-    log_level: String,
+    /// Log level for diagnostics on stderr: error, warn, info, debug or trace. Defaults to
+    /// the role's own setting (calico-node's CALICO_STARTUP_LOGLEVEL for `node`), else warn.
+    #[arg(long, global = true, value_name = "LEVEL", env = "MARGAY_LOG_LEVEL")]
+    log_level: Option<String>,
 
     #[command(subcommand)]
     role: Role,
@@ -36,6 +31,8 @@ struct Cli {
 enum Role {
     /// The operator's CLI (like calicoctl): selectors, validation, resources.
     Ctl(margay_ctl::CtlArgs),
+    /// Node registration and health (like calico-node -startup / -felix-live).
+    Node(margay_node::cli::NodeArgs),
 }
 
 fn main() -> ExitCode {
@@ -49,8 +46,16 @@ fn main() -> ExitCode {
     if invoked_as == "calicoctl" {
         args.insert(1, "ctl".into());
     }
+    // Kubernetes probes call `-felix-live -felix-ready` with single dashes.
+    if args.get(1).is_some_and(|a| a == "node") && args.get(2).is_some_and(|a| a == "health") {
+        margay_node::cli::normalize_health_args(&mut args[3..]);
+    }
     let cli = Cli::parse_from(args);
-    init_logging(&cli.log_level);
+    let level = cli.log_level.clone().unwrap_or_else(|| match &cli.role {
+        Role::Ctl(_) => "warn".to_string(),
+        Role::Node(_) => calico_level(std::env::var("CALICO_STARTUP_LOGLEVEL").ok(), "info"),
+    });
+    init_logging(&level);
     let code = match cli.role {
         Role::Ctl(ctl) => margay_ctl::run(
             ctl,
@@ -58,9 +63,26 @@ fn main() -> ExitCode {
             &mut io::stdout().lock(),
             &mut io::stderr().lock(),
         ),
+        Role::Node(node) => {
+            margay_node::cli::run_node(node, &mut io::stdout().lock(), &mut io::stderr().lock())
+        }
     };
     let _ = io::stdout().flush();
     ExitCode::from(code)
+}
+
+/// Calico's log level names (logrus: Panic, Fatal, Error, Warning, Info, Debug, Trace, any
+/// case) as a tracing filter.
+fn calico_level(value: Option<String>, default: &str) -> String {
+    match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+        Some("panic" | "fatal" | "error") => "error".into(),
+        Some("warning" | "warn") => "warn".into(),
+        Some("info") => "info".into(),
+        Some("debug") => "debug".into(),
+        Some("trace") => "trace".into(),
+        Some("none") => "off".into(),
+        _ => default.into(),
+    }
 }
 
 fn init_logging(level: &str) {

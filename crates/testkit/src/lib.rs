@@ -1,9 +1,11 @@
 //! Test-only helpers. Everything here cleans up after itself, also when a test panics.
 //!
 //! - [`etcd`]: private etcd servers and clusters on loopback ports, with temp data dirs.
+//! - [`netns`]: throw-away network namespaces (named `mgy-…`) with veth pairs, for root tests.
 #![forbid(unsafe_code)]
 
 pub mod etcd;
+pub mod netns;
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
 pub fn free_port() -> std::io::Result<u16> {

@@ -1,0 +1,175 @@
+//! Behaviour of the typed [`Config`]: defaults, cross-field validation, changes between two
+//! configurations, and the derived values the rest of Felix asks for.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use regex::Regex;
+use serde::Serialize;
+
+use crate::table::{Config, PARAMS, ParamId};
+use crate::value::RouteTableRange;
+
+/// Felix's exit code when a configuration change needs a restart (the supervisor restarts it;
+/// Calico uses the same code, SIGHUP's).
+pub const RESTART_EXIT_CODE: i32 = 129;
+
+/// One parameter whose value differs between two configurations.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Change {
+    #[serde(skip)]
+    pub id: ParamId,
+    pub name: &'static str,
+    pub old: String,
+    pub new: String,
+    /// Whether Felix applies the change without restarting.
+    pub live: bool,
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} changed from {:?} to {:?}",
+            self.name, self.old, self.new
+        )?;
+        if self.live {
+            f.write_str(" (applied live)")
+        } else {
+            f.write_str(" (needs a restart)")
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config::defaults().clone()
+    }
+}
+
+impl Config {
+    /// Every parameter at its default (FelixHostname empty: its default is the host's name,
+    /// which only the loader knows).
+    pub fn defaults() -> &'static Config {
+        static DEFAULTS: OnceLock<Config> = OnceLock::new();
+        DEFAULTS.get_or_init(|| {
+            let mut c = Config::zeroed();
+            for p in PARAMS {
+                c.set(p.id, p.default_value());
+            }
+            c
+        })
+    }
+
+    /// The parameters whose values differ from `other`'s (`self` is the old configuration).
+    pub fn changed_params(&self, other: &Config) -> Vec<Change> {
+        PARAMS
+            .iter()
+            .filter_map(|p| {
+                let old = self.get(p.id);
+                let new = other.get(p.id);
+                (old != new).then(|| Change {
+                    id: p.id,
+                    name: p.name,
+                    old: old.to_string(),
+                    new: new.to_string(),
+                    live: p.live(),
+                })
+            })
+            .collect()
+    }
+
+    /// The changes to `other` that Felix cannot apply live. If any, Felix logs them and exits
+    /// with [`RESTART_EXIT_CODE`].
+    pub fn restart_required(&self, other: &Config) -> Vec<Change> {
+        self.changed_params(other)
+            .into_iter()
+            .filter(|c| !c.live)
+            .collect()
+    }
+
+    /// Cross-field checks (Calico's `Validate`): a hostname, an etcd address for etcdv3, and
+    /// Typha TLS settings that are all given or all absent.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut errors = Vec::new();
+        if self.felix_hostname.is_empty() {
+            errors.push("failed to determine the hostname (set FelixHostname)".to_string());
+        }
+        if self.datastore_type == "etcdv3" && self.etcd_endpoints.is_empty() {
+            if self.etcd_scheme.is_empty() {
+                errors.push("both EtcdEndpoints and EtcdScheme are missing".into());
+            }
+            if self.etcd_addr.is_empty() {
+                errors.push("both EtcdEndpoints and EtcdAddr are missing".into());
+            }
+        }
+        let any_tls = [
+            &self.typha_ca_file,
+            &self.typha_cert_file,
+            &self.typha_key_file,
+            &self.typha_cn,
+            &self.typha_uri_san,
+        ]
+        .iter()
+        .any(|s| !s.is_empty());
+        if any_tls
+            && (self.typha_key_file.is_empty()
+                || self.typha_cert_file.is_empty()
+                || self.typha_ca_file.is_empty()
+                || (self.typha_cn.is_empty() && self.typha_uri_san.is_empty()))
+        {
+            errors.push(
+                "if any Felix-Typha TLS parameter is set, TyphaKeyFile, TyphaCertFile, \
+                 TyphaCAFile and one of TyphaCN or TyphaURISAN must all be set"
+                    .into(),
+            );
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+
+    /// The workload interface prefixes (`InterfacePrefix` is a comma-separated list).
+    pub fn interface_prefixes(&self) -> Vec<&str> {
+        self.interface_prefix.split(',').collect()
+    }
+
+    /// `InterfaceExclude` compiled (names are anchored, `/regex/` entries are not).
+    pub fn interface_exclude_regexes(&self) -> Vec<Regex> {
+        self.interface_exclude
+            .iter()
+            .filter_map(|p| Regex::new(p).ok())
+            .collect()
+    }
+
+    /// The routing tables Felix may use: `RouteTableRanges` if set, else the deprecated
+    /// `RouteTableRange` if set, else 1-250; without Linux's reserved tables 253-255 (which
+    /// Calico's allocator skips too).
+    pub fn route_table_indices(&self) -> Vec<RouteTableRange> {
+        let ranges = if !self.route_table_ranges.is_empty() {
+            self.route_table_ranges.clone()
+        } else if let Some(r) = self.route_table_range {
+            vec![r]
+        } else {
+            vec![RouteTableRange { min: 1, max: 250 }]
+        };
+        let mut out = Vec::new();
+        for r in ranges {
+            if r.min < 253 {
+                out.push(RouteTableRange {
+                    min: r.min,
+                    max: r.max.min(252),
+                });
+            }
+            if r.max > 255 {
+                out.push(RouteTableRange {
+                    min: r.min.max(256),
+                    max: r.max,
+                });
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,178 @@
+//! The `margay node` command line.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use margay_datastore::{Client, DatastoreConfig};
+
+use crate::autodetect::NetView;
+use crate::config::StartupConfig;
+use crate::health::{HealthChecks, check};
+use crate::startup::{NetSnapshot, Paths, StartupOptions, kernel_hostname, node_name, run};
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    #[command(subcommand)]
+    pub command: NodeCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Register this node (calico-node -startup): name, addresses, AS number, default IP
+    /// pools and default cluster configuration.
+    ///
+    /// Driven by calico-node's environment variables: NODENAME, HOSTNAME,
+    /// CALICO_NODENAME_FILE, IP, IP6, IP_AUTODETECTION_METHOD, IP6_AUTODETECTION_METHOD, AS,
+    /// CALICO_NETWORKING_BACKEND, CALICO_K8S_NODE_REF, DISABLE_NODE_IP_CHECK,
+    /// WAIT_FOR_DATASTORE, CALICO_IPV4POOL_* / CALICO_IPV6POOL_*, NO_DEFAULT_POOLS,
+    /// CLUSTER_TYPE, CALICO_DISABLE_FILE_LOGGING, CALICO_STARTUP_LOGLEVEL, and the datastore
+    /// variables (DATASTORE_TYPE, DATASTORE_PATH, ETCD_ENDPOINTS, ...). Exits 0 when the node
+    /// is registered, 1 with one line saying what to fix otherwise.
+    #[command(after_help = "Examples:
+  # Register with an autodetected address reaching the cluster's gateway.
+  IP_AUTODETECTION_METHOD=can-reach=10.0.0.1 margay node startup
+
+  # A fixed address and AS number, VXLAN pools.
+  IP=10.0.0.5/24 AS=64512 CALICO_IPV4POOL_VXLAN=Always margay node startup")]
+    Startup(StartupArgs),
+    /// Check the node's health for Kubernetes probes (calico-node -felix-live -felix-ready).
+    ///
+    /// Asks Felix's health endpoint (FELIX_HEALTHHOST:FELIX_HEALTHPORT, default
+    /// localhost:9099). Exits 0 when every requested check passes, 1 with the reason
+    /// otherwise. Calico's single-dash spellings (-felix-live) are accepted too.
+    Health(HealthArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StartupArgs {
+    /// Directory under which calico-node's default paths (/var/lib/calico, /var/run/calico,
+    /// /var/log/calico, the node name file) are used.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+    /// With WAIT_FOR_DATASTORE=true, give up after this many seconds (default: wait forever).
+    #[arg(long, value_name = "SECONDS")]
+    pub wait_timeout: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Felix is alive.
+    #[arg(long)]
+    pub felix_live: bool,
+    /// Felix is ready (in sync and programming the dataplane).
+    #[arg(long)]
+    pub felix_ready: bool,
+    /// BIRD (IPv4) is alive (not supported yet).
+    #[arg(long)]
+    pub bird_live: bool,
+    /// BIRD (IPv4) has its BGP sessions up (not supported yet).
+    #[arg(long)]
+    pub bird_ready: bool,
+    /// BIRD (IPv6) is alive (not supported yet).
+    #[arg(long)]
+    pub bird6_live: bool,
+    /// BIRD (IPv6) has its BGP sessions up (not supported yet).
+    #[arg(long)]
+    pub bird6_ready: bool,
+    /// Accepted for calico-node compatibility (BIRD checks' age threshold).
+    #[arg(long, value_name = "SECONDS", hide = true)]
+    pub threshold_time: Option<String>,
+}
+
+/// Rewrites calico-node's single-dash long flags (`-felix-live`) to `--felix-live`.
+pub fn normalize_health_args(args: &mut [std::ffi::OsString]) {
+    for a in args.iter_mut() {
+        if let Some(s) = a.to_str()
+            && s.len() > 2
+            && s.starts_with('-')
+            && !s.starts_with("--")
+        {
+            *a = format!("-{s}").into();
+        }
+    }
+}
+
+pub fn run_node(args: NodeArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let get = |k: &str| std::env::var(k).ok();
+    let result = match args.command {
+        NodeCommand::Startup(a) => startup(&a, &get, out),
+        NodeCommand::Health(a) => {
+            let checks = HealthChecks {
+                felix_live: a.felix_live,
+                felix_ready: a.felix_ready,
+                bird_live: a.bird_live,
+                bird_ready: a.bird_ready,
+                bird6_live: a.bird6_live,
+                bird6_ready: a.bird6_ready,
+            };
+            check(checks, &get).and_then(|ok| writeln!(out, "{ok}").map_err(|e| e.to_string()))
+        }
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let _ = writeln!(err, "error: {e}");
+            1
+        }
+    }
+}
+
+fn startup(
+    a: &StartupArgs,
+    get: &dyn Fn(&str) -> Option<String>,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let started = Instant::now();
+    let cfg = StartupConfig::from_lookup(get).map_err(|e| e.to_string())?;
+    let paths = Paths::new(&a.root);
+    let (name, source) =
+        node_name(get, &paths.nodename_file(&cfg), &kernel_hostname).map_err(|e| e.to_string())?;
+    tracing::info!(node = %name, source = ?source, "determined the node name");
+    // One snapshot of the interfaces for the whole run (netlink is read synchronously).
+    let interfaces = crate::netlink::SystemNet
+        .interfaces()
+        .map_err(|e| format!("cannot list the host's interfaces through netlink: {e}"))?;
+    let net = NetSnapshot { interfaces };
+    let ds = DatastoreConfig::from_env().map_err(|e| format!("datastore configuration: {e}"))?;
+    let opts = StartupOptions {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        wait_timeout: a.wait_timeout.map(Duration::from_secs),
+        kernel_has_ipv6: std::path::Path::new("/proc/sys/net/ipv6").exists(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let outcome = rt.block_on(async {
+        let backend = ds
+            .connect()
+            .await
+            .map_err(|e| format!("{} ({})", e, ds.describe()))?;
+        let client = Client::new(backend);
+        run(&cfg, &name, &client, &net, &paths, &opts)
+            .await
+            .map_err(|e| e.to_string())
+    })?;
+    let addr = |a: &Option<String>| a.clone().unwrap_or_else(|| "-".into());
+    writeln!(
+        out,
+        "node {:?} registered in {} ms: IPv4 {}, IPv6 {}, node {}{}",
+        outcome.node_name,
+        started.elapsed().as_millis(),
+        addr(&outcome.ipv4),
+        addr(&outcome.ipv6),
+        if outcome.node_written {
+            "written"
+        } else {
+            "unchanged"
+        },
+        if outcome.created.is_empty() {
+            String::new()
+        } else {
+            format!("; created {}", outcome.created.join(", "))
+        }
+    )
+    .map_err(|e| e.to_string())
+}

@@ -1,0 +1,452 @@
+//! Start-up against the in-memory datastore with a fake host: what gets registered and
+//! created, idempotence, conflicts, and the errors that name what to fix.
+#![allow(clippy::unwrap_used, clippy::type_complexity)]
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use margay_api::net::Cidr;
+use margay_api::{Kind, Node, ObjectMeta, Resource, ResourceKey};
+use margay_datastore::{Client, MemBackend};
+use margay_node::autodetect::{InterfaceInfo, NetView};
+use margay_node::config::StartupConfig;
+use margay_node::startup::{
+    NameSource, Outcome, Paths, StartupError, StartupOptions, node_name, run,
+};
+
+struct FakeHost {
+    interfaces: Vec<InterfaceInfo>,
+}
+
+impl NetView for FakeHost {
+    fn interfaces(&self) -> std::io::Result<Vec<InterfaceInfo>> {
+        Ok(self.interfaces.clone())
+    }
+    fn route_source(&self, _dest: IpAddr) -> std::io::Result<IpAddr> {
+        Ok(self.interfaces[0].addrs[0].addr())
+    }
+}
+
+fn iface(name: &str, index: u32, addrs: &[&str]) -> InterfaceInfo {
+    InterfaceInfo {
+        name: name.into(),
+        index,
+        up: true,
+        addrs: addrs.iter().map(|a| Cidr::parse(a).unwrap()).collect(),
+    }
+}
+
+fn host() -> FakeHost {
+    FakeHost {
+        interfaces: vec![
+            iface("lo", 1, &["127.0.0.1/8", "::1/128"]),
+            iface("docker0", 2, &["172.17.0.1/16"]),
+            iface("eth0", 3, &["10.0.0.5/24", "fd00:10::5/64", "fe80::1/64"]),
+            iface("cali1234", 4, &["169.254.1.1/32"]),
+        ],
+    }
+}
+
+fn opts() -> StartupOptions {
+    StartupOptions {
+        version: "v0.1.0-test".into(),
+        wait_timeout: Some(std::time::Duration::from_secs(1)),
+        kernel_has_ipv6: true,
+    }
+}
+
+struct Env(Vec<(&'static str, String)>);
+
+impl Env {
+    fn new(vars: &[(&'static str, &str)]) -> Env {
+        Env(vars.iter().map(|(k, v)| (*k, v.to_string())).collect())
+    }
+    fn get(&self, k: &str) -> Option<String> {
+        self.0.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())
+    }
+    fn config(&self) -> StartupConfig {
+        StartupConfig::from_lookup(&|k| self.get(k)).unwrap()
+    }
+}
+
+async fn start(
+    client: &Client<MemBackend>,
+    root: &Path,
+    env: &Env,
+    name: &str,
+    net: &FakeHost,
+) -> Result<Outcome, StartupError> {
+    run(&env.config(), name, client, net, &Paths::new(root), &opts()).await
+}
+
+async fn node(client: &Client<MemBackend>, name: &str) -> Node {
+    match client
+        .get(&ResourceKey {
+            kind: Kind::Node,
+            namespace: String::new(),
+            name: name.into(),
+        })
+        .await
+        .unwrap()
+    {
+        Resource::Node(n) => n,
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn versions(client: &Client<MemBackend>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for kind in margay_api::Kind::ALL {
+        for r in client.list(*kind, None, "").await.unwrap().items {
+            out.push((r.key().to_string(), r.metadata().resource_version.clone()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn first_start_registers_everything_and_second_start_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    let env = Env::new(&[]);
+    let out = start(&client, dir.path(), &env, "node-a", &host())
+        .await
+        .unwrap();
+    assert!(out.node_written);
+    assert_eq!(out.ipv4.as_deref(), Some("10.0.0.5/24"));
+    assert_eq!(out.ipv6, None, "IPv6 is off unless IP6 is set");
+
+    let n = node(&client, "node-a").await;
+    assert_eq!(n.spec.bgp.as_ref().unwrap().ipv4_address, "10.0.0.5/24");
+    assert!(n.spec.interfaces.is_empty(), "IP unset: no interface list");
+    // Pools, tiers and configuration.
+    let pools = client.list(Kind::IPPool, None, "").await.unwrap().items;
+    let cidrs: Vec<String> = pools
+        .iter()
+        .map(|p| match p {
+            Resource::IPPool(p) => p.spec.cidr.clone(),
+            _ => unreachable!(),
+        })
+        .collect();
+    assert_eq!(cidrs.len(), 2, "{cidrs:?}");
+    assert!(cidrs.contains(&"192.168.0.0/16".to_string()));
+    assert!(
+        cidrs
+            .iter()
+            .any(|c| c.starts_with("fd") && c.ends_with("/48")),
+        "{cidrs:?}"
+    );
+    for (kind, name) in [
+        (Kind::Tier, "default"),
+        (Kind::Tier, "kube-admin"),
+        (Kind::Tier, "kube-baseline"),
+        (Kind::ClusterInformation, "default"),
+        (Kind::FelixConfiguration, "default"),
+        (Kind::FelixConfiguration, "node.node-a"),
+        (Kind::BGPConfiguration, "default"),
+        (Kind::IPAMConfiguration, "default"),
+    ] {
+        let key = ResourceKey {
+            kind,
+            namespace: String::new(),
+            name: name.into(),
+        };
+        client
+            .get(&key)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+    }
+    let nodename = std::fs::read_to_string(dir.path().join("var/lib/calico/nodename")).unwrap();
+    assert_eq!(nodename, "node-a");
+    for d in ["var/lib/calico", "var/run/calico", "var/log/calico"] {
+        assert!(dir.path().join(d).is_dir(), "{d}");
+    }
+
+    // Idempotent: same resourceVersions after a second run.
+    let before = versions(&client).await;
+    let again = start(&client, dir.path(), &env, "node-a", &host())
+        .await
+        .unwrap();
+    assert!(!again.node_written);
+    assert!(again.created.is_empty(), "{:?}", again.created);
+    assert_eq!(versions(&client).await, before);
+}
+
+#[tokio::test]
+async fn explicit_addresses_as_number_and_node_ref() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    let env = Env::new(&[
+        ("IP", "10.0.0.5"),
+        ("IP6", "fd00:10::5/64"),
+        ("AS", "1.10"),
+        ("CALICO_K8S_NODE_REF", "k8s-node-a"),
+        ("CALICO_IPV4POOL_CIDR", "10.244.0.0/16"),
+        ("CALICO_IPV4POOL_VXLAN", "CrossSubnet"),
+        ("CALICO_IPV6POOL_CIDR", "none"),
+    ]);
+    let out = start(&client, dir.path(), &env, "node-a", &host())
+        .await
+        .unwrap();
+    // A bare IP takes its prefix from the interface holding it.
+    assert_eq!(out.ipv4.as_deref(), Some("10.0.0.5/24"));
+    assert_eq!(out.ipv6.as_deref(), Some("fd00:10::5/64"));
+    let n = node(&client, "node-a").await;
+    let bgp = n.spec.bgp.unwrap();
+    assert_eq!(bgp.as_number.map(|a| a.0), Some(65536 + 10));
+    assert_eq!(n.spec.orch_refs[0].node_name, "k8s-node-a");
+    // With IP set, the host's interfaces (not the excluded ones) are recorded.
+    let names: Vec<&str> = n.spec.interfaces.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, vec!["eth0"], "{:?}", n.spec.interfaces);
+    let pools = client.list(Kind::IPPool, None, "").await.unwrap().items;
+    assert_eq!(pools.len(), 1);
+    let Resource::IPPool(p) = &pools[0] else {
+        unreachable!()
+    };
+    assert_eq!(p.spec.cidr, "10.244.0.0/16");
+    assert_eq!(p.spec.vxlan(), margay_api::ippool::EncapMode::CrossSubnet);
+    assert!(p.spec.nat_outgoing);
+}
+
+#[tokio::test]
+async fn address_conflict_names_both_nodes_and_clears_the_autodetected_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    let mut other = Node::new(ObjectMeta::named("node-b"), Default::default());
+    other.spec.bgp = Some(margay_api::endpoint::NodeBgpSpec {
+        ipv4_address: "10.0.0.5/24".into(),
+        ..Default::default()
+    });
+    client.create(Resource::Node(other)).await.unwrap();
+    let err = start(
+        &client,
+        dir.path(),
+        &Env::new(&[("IP", "autodetect")]),
+        "node-a",
+        &host(),
+    )
+    .await
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("\"node-b\"") && msg.contains("\"node-a\"") && msg.contains("10.0.0.5"),
+        "{msg}"
+    );
+    // The check can be disabled.
+    let ok = start(
+        &client,
+        dir.path(),
+        &Env::new(&[("IP", "autodetect"), ("DISABLE_NODE_IP_CHECK", "true")]),
+        "node-a",
+        &host(),
+    )
+    .await;
+    assert!(ok.is_ok(), "{ok:?}");
+}
+
+#[tokio::test]
+async fn existing_configuration_is_never_overwritten() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    let felix = margay_api::decode_one(
+        "apiVersion: projectcalico.org/v3\nkind: FelixConfiguration\nmetadata: {name: default}\nspec: {logSeverityScreen: Debug, reportingInterval: 30s}\n",
+    )
+    .unwrap();
+    client.create(felix).await.unwrap();
+    let pool = margay_api::decode_one(
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: mine}\nspec: {cidr: 10.96.0.0/12}\n",
+    )
+    .unwrap();
+    client.create(pool).await.unwrap();
+    let env = Env::new(&[("CLUSTER_TYPE", "k8s,bgp")]);
+    start(&client, dir.path(), &env, "node-a", &host())
+        .await
+        .unwrap();
+    let key = |kind, name: &str| ResourceKey {
+        kind,
+        namespace: String::new(),
+        name: name.into(),
+    };
+    let Resource::FelixConfiguration(f) = client
+        .get(&key(Kind::FelixConfiguration, "default"))
+        .await
+        .unwrap()
+    else {
+        unreachable!()
+    };
+    assert_eq!(f.spec.log_severity_screen.as_deref(), Some("Debug"));
+    assert_eq!(
+        f.spec.reporting_interval.as_ref().map(|d| d.as_str()),
+        Some("30s")
+    );
+    let v4_pools = client.list(Kind::IPPool, None, "").await.unwrap().items;
+    assert!(
+        v4_pools.iter().all(|p| p.name() != "default-ipv4-ippool"),
+        "an IPv4 pool existed"
+    );
+    let Resource::ClusterInformation(ci) = client
+        .get(&key(Kind::ClusterInformation, "default"))
+        .await
+        .unwrap()
+    else {
+        unreachable!()
+    };
+    assert_eq!(ci.spec.cluster_type, "k8s,bgp");
+    assert_eq!(ci.spec.datastore_ready, Some(true));
+    assert_eq!(ci.spec.cluster_guid.len(), 32);
+}
+
+#[tokio::test]
+async fn failures_say_what_to_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    let h = host();
+    // IP=none with Calico networking: no address at all.
+    let e = start(&client, dir.path(), &Env::new(&[("IP", "none")]), "n", &h)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no IPv4 or IPv6 address"), "{e}");
+    // ... but fine when Calico only does policy.
+    start(
+        &client,
+        dir.path(),
+        &Env::new(&[("IP", "none"), ("CALICO_NETWORKING_BACKEND", "none")]),
+        "n",
+        &h,
+    )
+    .await
+    .unwrap();
+    // Unknown autodetection method: exit with the valid ones.
+    let e = start(
+        &client,
+        dir.path(),
+        &Env::new(&[("IP", "autodetect"), ("IP_AUTODETECTION_METHOD", "magic")]),
+        "n2",
+        &h,
+    )
+    .await
+    .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("IP_AUTODETECTION_METHOD")
+            && msg.contains("first-found")
+            && msg.contains("can-reach"),
+        "{msg}"
+    );
+    // A pool too small for its blocks names the variable.
+    let fresh = Client::new(MemBackend::new());
+    let e = start(
+        &fresh,
+        dir.path(),
+        &Env::new(&[("CALICO_IPV4POOL_CIDR", "172.16.0.0/27")]),
+        "n",
+        &h,
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("CALICO_IPV4POOL_CIDR"), "{e}");
+    let e = start(
+        &fresh,
+        dir.path(),
+        &Env::new(&[("IP", "10.9.9.9/33")]),
+        "n",
+        &h,
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("IP="), "{e}");
+}
+
+#[tokio::test]
+async fn the_default_ipv4_pool_avoids_host_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    let mut h = host();
+    h.interfaces
+        .push(iface("eth1", 5, &["192.168.1.10/24", "172.16.0.9/24"]));
+    start(
+        &client,
+        dir.path(),
+        &Env::new(&[("CALICO_IPV6POOL_CIDR", "none")]),
+        "n",
+        &h,
+    )
+    .await
+    .unwrap();
+    let pools = client.list(Kind::IPPool, None, "").await.unwrap().items;
+    let Resource::IPPool(p) = &pools[0] else {
+        unreachable!()
+    };
+    // 192.168/16 and 172.16/16 hold eth1's addresses, 172.17/16 docker0's.
+    assert_eq!(p.spec.cidr, "172.18.0.0/16");
+}
+
+#[test]
+fn node_name_sources_in_calicos_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nodename");
+    let kernel = || Ok::<_, std::io::Error>("Kernel-Host\n".to_string());
+    let lookup = |vars: &'static [(&'static str, &'static str)]| {
+        move |k: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let cases: &[(&[(&str, &str)], bool, &str, NameSource)] = &[
+        (
+            &[
+                ("NODENAME", "abc-def.ghi123"),
+                ("HOSTNAME", "foo1.bar2-baz3"),
+            ],
+            false,
+            "abc-def.ghi123",
+            NameSource::NodenameEnv,
+        ),
+        (
+            &[
+                ("NODENAME", "MyHostname-123"),
+                ("HOSTNAME", "valid.hostname"),
+            ],
+            false,
+            "MyHostname-123",
+            NameSource::NodenameEnv,
+        ),
+        (
+            &[("NODENAME", "  "), ("HOSTNAME", "host123")],
+            false,
+            "host123",
+            NameSource::HostnameEnv,
+        ),
+        (
+            &[("HOSTNAME", "HOSTName")],
+            false,
+            "hostname",
+            NameSource::HostnameEnv,
+        ),
+        (&[], false, "kernel-host", NameSource::KernelHostname),
+        (
+            &[("NODENAME", "  "), ("HOSTNAME", "  ")],
+            false,
+            "kernel-host",
+            NameSource::KernelHostname,
+        ),
+        (
+            &[("HOSTNAME", "host123")],
+            true,
+            "from-file",
+            NameSource::File(file.clone()),
+        ),
+    ];
+    for (vars, with_file, want, source) in cases {
+        if *with_file {
+            std::fs::write(&file, "from-file\n").unwrap();
+        } else {
+            let _ = std::fs::remove_file(&file);
+        }
+        let get = lookup(Box::leak(vars.to_vec().into_boxed_slice()));
+        let (name, src) = node_name(&get, &file, &kernel).unwrap();
+        assert_eq!((name.as_str(), &src), (*want, source), "{vars:?}");
+    }
+}

@@ -1,0 +1,212 @@
+//! Throw-away network namespaces for tests (needs root and iproute2's `ip`).
+//!
+//! Every namespace is named `mgy-<prefix>-<pid>-<n>`, so leftovers are easy to spot and
+//! remove: `ip netns list | grep '^mgy-'`, then `ip netns delete NAME`. A leftover can only come
+//! from a process killed before its [`Netns`] was dropped (SIGKILL); a panicking test still
+//! drops it. Deleting a namespace destroys the interfaces inside it (the veth pairs made by
+//! [`Netns::add_veth`] have both ends inside), so nothing outside the namespace is touched.
+//!
+//! ```no_run
+//! # fn main() -> std::io::Result<()> {
+//! let ns = margay_testkit::netns::Netns::new("autodetect")?;
+//! ns.add_veth("eth0", "veth-eth0", &["10.0.0.5/24", "2001:db8::5/64"])?;
+//! let out = ns.exec("ip").args(["-o", "addr"]).output()?;
+//! # let _ = out; Ok(()) }
+//! ```
+
+use std::ffi::OsStr;
+use std::io;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Every namespace name starts with this.
+pub const NAME_PREFIX: &str = "mgy-";
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A network namespace that is deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates `mgy-<prefix>-<pid>-<n>` with `ip netns add` and brings its `lo` up. `prefix`
+    /// is reduced to ASCII letters, digits, `-` and `_` (a leading `mgy-` is not repeated).
+    pub fn new(prefix: &str) -> io::Result<Netns> {
+        let prefix = prefix.strip_prefix(NAME_PREFIX).unwrap_or(prefix);
+        let clean: String = prefix
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+            .take(40)
+            .collect();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = if clean.is_empty() {
+            format!("{NAME_PREFIX}{}-{n}", std::process::id())
+        } else {
+            format!("{NAME_PREFIX}{clean}-{}-{n}", std::process::id())
+        };
+        run(Command::new("ip").args(["netns", "add", &name]))?;
+        // From here on, Drop removes it even if the rest fails.
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `ip -n <ns> ARGS…`; returns its stdout, or an error carrying the command and its
+    /// stderr.
+    pub fn ip(&self, args: &[&str]) -> io::Result<String> {
+        run(Command::new("ip").arg("-n").arg(&self.name).args(args))
+    }
+
+    /// A command running `program` inside the namespace (`ip netns exec <ns> program`); add
+    /// arguments and environment to it as usual. The environment is passed through.
+    pub fn exec(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(program);
+        c
+    }
+
+    /// Creates a veth pair `name` <-> `peer` with both ends inside the namespace, assigns
+    /// `addrs` (CIDRs, e.g. `10.0.0.5/24`; IPv6 ones with `nodad`, so they are usable at once)
+    /// to `name`, and brings both ends up. Interface names are at most 15 bytes.
+    pub fn add_veth(&self, name: &str, peer: &str, addrs: &[&str]) -> io::Result<()> {
+        self.ip(&["link", "add", name, "type", "veth", "peer", "name", peer])?;
+        for a in addrs {
+            self.add_addr(name, a)?;
+        }
+        self.set_up(peer)?;
+        self.set_up(name)
+    }
+
+    /// Adds an address (CIDR) to an interface; IPv6 ones with `nodad`.
+    pub fn add_addr(&self, dev: &str, cidr: &str) -> io::Result<()> {
+        if cidr.contains(':') {
+            self.ip(&["addr", "add", cidr, "dev", dev, "nodad"])?;
+        } else {
+            self.ip(&["addr", "add", cidr, "dev", dev])?;
+        }
+        Ok(())
+    }
+
+    pub fn set_up(&self, dev: &str) -> io::Result<()> {
+        self.ip(&["link", "set", dev, "up"]).map(drop)
+    }
+
+    pub fn set_down(&self, dev: &str) -> io::Result<()> {
+        self.ip(&["link", "set", dev, "down"]).map(drop)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Err(e) = run(Command::new("ip").args(["netns", "delete", &self.name])) {
+            eprintln!(
+                "margay-testkit: could not delete network namespace {}: {e} \
+                 (remove it with `ip netns delete {}`)",
+                self.name, self.name
+            );
+        }
+    }
+}
+
+fn run(cmd: &mut Command) -> io::Result<String> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot run {shown}: {e} (is iproute2 installed?)"),
+        )
+    })?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(io::Error::other(format!(
+            "{shown} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// True when running as root (uid 0), read from /proc/self/status.
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn skip() -> bool {
+        if is_root() {
+            return false;
+        }
+        if std::env::var("MARGAY_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
+            eprintln!("skipped: needs root (MARGAY_SKIP_ROOT_TESTS=1)");
+            return true;
+        }
+        panic!("this test needs root (network namespaces); set MARGAY_SKIP_ROOT_TESTS=1 to skip");
+    }
+
+    fn listed(name: &str) -> bool {
+        let out = run(Command::new("ip").args(["netns", "list"])).unwrap();
+        out.lines()
+            .any(|l| l.split_whitespace().next() == Some(name))
+    }
+
+    #[test]
+    fn create_use_and_delete() {
+        if skip() {
+            return;
+        }
+        let name;
+        {
+            let ns = Netns::new("testkit").unwrap();
+            name = ns.name().to_string();
+            assert!(name.starts_with("mgy-testkit-"), "{name}");
+            assert!(listed(&name));
+            ns.add_veth("eth0", "veth-eth0", &["10.0.0.5/24", "2001:db8::5/64"])
+                .unwrap();
+            let addrs = ns.ip(&["-o", "addr", "show", "dev", "eth0"]).unwrap();
+            assert!(addrs.contains("10.0.0.5/24"), "{addrs}");
+            assert!(addrs.contains("2001:db8::5/64"), "{addrs}");
+            let out = ns.exec("ip").args(["-o", "link"]).output().unwrap();
+            let links = String::from_utf8_lossy(&out.stdout);
+            assert!(links.contains("veth-eth0"), "{links}");
+            ns.set_down("eth0").unwrap();
+            let e = ns.ip(&["link", "set", "nosuchdev", "up"]).unwrap_err();
+            assert!(e.to_string().contains("nosuchdev"), "{e}");
+        }
+        assert!(!listed(&name), "{name} left behind");
+    }
+
+    #[test]
+    fn dropped_on_panic() {
+        if skip() {
+            return;
+        }
+        let name = std::sync::Mutex::new(String::new());
+        let r = std::panic::catch_unwind(|| {
+            let ns = Netns::new("panic").unwrap();
+            *name.lock().unwrap() = ns.name().to_string();
+            panic!("boom");
+        });
+        assert!(r.is_err());
+        let name = name.lock().unwrap().clone();
+        assert!(!name.is_empty());
+        assert!(!listed(&name), "{name} left behind");
+    }
+}
