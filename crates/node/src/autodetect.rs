@@ -263,7 +263,7 @@ fn compile_all(regexes: &[String], method: &str) -> Result<Vec<Regex>, Autodetec
 }
 
 /// What autodetection needs to know about the host.
-pub trait NetView {
+pub trait NetView: Send + Sync {
     /// All interfaces with their addresses (both families), in interface-index order.
     fn interfaces(&self) -> io::Result<Vec<InterfaceInfo>>;
     /// The local address the kernel would use as source to reach `dest` (no packet is sent).

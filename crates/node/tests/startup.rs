@@ -450,3 +450,56 @@ fn node_name_sources_in_calicos_order() {
         assert_eq!((name.as_str(), &src), (*want, source), "{vars:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_datastore_waits_until_etcd_is_back() {
+    use margay_datastore::config::EtcdConfig;
+    use margay_datastore::etcd::EtcdBackend;
+    let mut etcd = margay_testkit::etcd::EtcdServer::start().unwrap();
+    let client = Client::new(
+        EtcdBackend::connect(&EtcdConfig {
+            endpoints: vec![etcd.endpoint()],
+            ..EtcdConfig::default()
+        })
+        .await
+        .unwrap(),
+    );
+    etcd.kill();
+    let dir = tempfile::tempdir().unwrap();
+    let env = Env::new(&[("WAIT_FOR_DATASTORE", "true")]);
+    let cfg = env.config();
+    let mut o = opts();
+    o.wait_timeout = Some(std::time::Duration::from_secs(60));
+    let task = {
+        let (client, root) = (client.clone(), dir.path().to_path_buf());
+        tokio::spawn(
+            async move { run(&cfg, "node-w", &client, &host(), &Paths::new(root), &o).await },
+        )
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(!task.is_finished(), "start-up should still be waiting");
+    etcd.restart().unwrap();
+    etcd.wait_healthy().unwrap();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.ipv4.as_deref(), Some("10.0.0.5/24"));
+
+    // With a limit, an unreachable store ends start-up with the datastore's error.
+    etcd.kill();
+    let mut o = opts();
+    o.wait_timeout = Some(std::time::Duration::from_secs(1));
+    let e = run(
+        &env.config(),
+        "node-w",
+        &client,
+        &host(),
+        &Paths::new(dir.path()),
+        &o,
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().starts_with("datastore:"), "{e}");
+}
