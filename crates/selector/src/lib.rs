@@ -185,6 +185,13 @@ fn unique_id(canonical: &str) -> String {
     id
 }
 
+/// The canonical form of `input` with `prefix` written before every label name, as Calico
+/// does when it turns a namespace selector into a selector on endpoints' `pcns.` labels
+/// (and a service-account selector into one on `pcsa.` labels).
+pub fn prefix_labels(input: &str, prefix: &str) -> Result<String, ParseError> {
+    Ok(parse::parse(input)?.canonical_with_prefix(prefix))
+}
+
 /// Checks that `input` is a valid selector.
 pub fn validate(input: &str) -> Result<(), ParseError> {
     parse::parse(input).map(|_| ())

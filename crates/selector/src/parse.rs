@@ -429,6 +429,11 @@ impl Ast<'_> {
     /// Calico's canonical string: `&&`/`||` groups parenthesised, single
     /// spaces, `!x`, values double-quoted unless they contain `"`.
     pub(crate) fn canonical(&self) -> String {
+        self.canonical_with_prefix("")
+    }
+
+    /// The canonical string with `prefix` written before every label name.
+    pub(crate) fn canonical_with_prefix(&self, prefix: &str) -> String {
         enum Item {
             Node(NodeId),
             Text(&'static str),
@@ -467,10 +472,12 @@ impl Ast<'_> {
                 }
                 Node::Leaf(Leaf::Has(label)) => {
                     out.push_str("has(");
+                    out.push_str(prefix);
                     out.push_str(label);
                     out.push(')');
                 }
                 Node::Leaf(Leaf::Cmp { label, op, value }) => {
+                    out.push_str(prefix);
                     out.push_str(label);
                     out.push_str(op.canonical());
                     push_quoted(&mut out, value);
@@ -480,6 +487,7 @@ impl Ast<'_> {
                     negated,
                     values,
                 }) => {
+                    out.push_str(prefix);
                     out.push_str(label);
                     out.push_str(if *negated { " not in {" } else { " in {" });
                     for (i, v) in values.iter().enumerate() {

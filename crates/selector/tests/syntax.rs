@@ -488,3 +488,15 @@ fn labels_impls() {
     // First pair wins for duplicate keys in a slice.
     assert!(sel.matches(&[("a", "1"), ("b", "2"), ("a", "3")]));
 }
+
+#[test]
+fn label_prefixing_for_namespace_selectors() {
+    use margay_selector::prefix_labels;
+    assert_eq!(prefix_labels("env == 'prod'", "pcns.").unwrap(), r#"pcns.env == "prod""#);
+    assert_eq!(
+        prefix_labels("has(a) && b in {'x'} || !c starts with 'y'", "pcsa.").unwrap(),
+        r#"((has(pcsa.a) && pcsa.b in {"x"}) || !pcsa.c starts with "y")"#
+    );
+    assert_eq!(prefix_labels("all()", "pcns.").unwrap(), "all()");
+    assert!(prefix_labels("a ==", "pcns.").is_err());
+}
