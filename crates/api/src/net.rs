@@ -154,6 +154,19 @@ impl FromStr for Cidr {
     }
 }
 
+impl serde::Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Cidr, D::Error> {
+        let s = String::deserialize(d)?;
+        Cidr::parse_cidr_or_ip(&s).map_err(serde::de::Error::custom)
+    }
+}
+
 fn max_prefix(addr: IpAddr) -> u8 {
     if addr.is_ipv4() { 32 } else { 128 }
 }
