@@ -13,9 +13,7 @@ use std::sync::Arc;
 use margay_api::endpoint::{HostEndpointSpec, NodeSpec, WorkloadEndpointSpec};
 use margay_api::ippool::{EncapMode as ApiEncapMode, IPPoolSpec};
 use margay_api::net::Cidr;
-use margay_api::policy::{
-    Action, DEFAULT_TIER, DEFAULT_TIER_ORDER, PolicyType, Rule, TierSpec,
-};
+use margay_api::policy::{Action, DEFAULT_TIER, DEFAULT_TIER_ORDER, PolicyType, Rule, TierSpec};
 use margay_api::resource::{Kind, Resource, ResourceKey};
 use margay_selector::Selector;
 use serde::Serialize;
@@ -243,7 +241,8 @@ pub struct CalcGraph {
     nodes: HashMap<String, NodeInfo>,
     pools: HashMap<String, PoolData>,
     route_sources: HashMap<Cidr, CidrSources>,
-    node_cidrs: HashMap<String, HashSet<Cidr>>,
+    /// Per node, the route CIDRs with a source on it (counted: a CIDR can have several).
+    node_cidrs: HashMap<String, HashMap<Cidr, u32>>,
     blocks: HashMap<Cidr, String>,
     problems: BTreeMap<String, String>,
 
@@ -570,7 +569,10 @@ impl CalcGraph {
         if old == affinity {
             return;
         }
-        self.modify_sources(cidr, |s| s.block = affinity.clone());
+        self.modify_sources(cidr, |s| NodeDelta {
+            removed: std::mem::replace(&mut s.block, affinity.clone()),
+            added: affinity.clone(),
+        });
         // Workload routes inside the block may now be (or no longer be) borrowed addresses.
         if self.config.route_source == RouteSource::CalicoIpam {
             let inside: Vec<Cidr> = self
@@ -730,7 +732,8 @@ impl CalcGraph {
         let mut labels: LabelMap = raw_labels
             .into_iter()
             .filter(|(k, _)| {
-                !k.starts_with(NAMESPACE_LABEL_PREFIX) && !k.starts_with(SERVICE_ACCOUNT_LABEL_PREFIX)
+                !k.starts_with(NAMESPACE_LABEL_PREFIX)
+                    && !k.starts_with(SERVICE_ACCOUNT_LABEL_PREFIX)
             })
             .collect();
         labels.insert(LABEL_NAMESPACE.to_string(), namespace.to_string());
@@ -764,22 +767,21 @@ impl CalcGraph {
         };
         let is_local = spec.node == self.config.hostname;
         let node = spec.node.clone();
-        let labels_changed = self.set_item(&key, Some((labels, spec.profiles.clone(), payload)));
-
         // Routes: every workload address is a route source (see `compute_route`).
         let old_cidrs = self.wep_route_cidrs(&key);
+        let labels_changed = self.set_item(&key, Some((labels, spec.profiles.clone(), payload)));
         for c in &old_cidrs {
             if !nets.contains(c) {
-                self.modify_sources(*c, |s| {
-                    s.weps.remove(&key);
+                self.modify_sources(*c, |s| NodeDelta {
+                    removed: s.weps.remove(&key),
+                    added: None,
                 });
             }
         }
         for c in &nets {
-            let key = key.clone();
-            let node = node.clone();
-            self.modify_sources(*c, move |s| {
-                s.weps.insert(key, node);
+            self.modify_sources(*c, |s| NodeDelta {
+                removed: s.weps.insert(key.clone(), node.clone()),
+                added: Some(node.clone()),
             });
         }
 
@@ -811,7 +813,12 @@ impl CalcGraph {
                 namespace: namespace.to_string(),
                 allow_spoofed_source_prefixes: spoof,
             };
-            self.set_local(key, LocalKind::Wep { id, data }, spec.profiles, labels_changed);
+            self.set_local(
+                key,
+                LocalKind::Wep { id, data },
+                spec.profiles,
+                labels_changed,
+            );
         } else {
             self.clear_local(&key);
         }
@@ -830,8 +837,9 @@ impl CalcGraph {
 
     fn remove_wep(&mut self, key: &ItemKey) {
         for c in self.wep_route_cidrs(key) {
-            self.modify_sources(c, |s| {
-                s.weps.remove(key);
+            self.modify_sources(c, |s| NodeDelta {
+                removed: s.weps.remove(key),
+                added: None,
             });
         }
         self.set_item(key, None);
@@ -939,7 +947,13 @@ impl CalcGraph {
 
     // ---- local endpoints and policy matching ------------------------------------------
 
-    fn set_local(&mut self, key: ItemKey, kind: LocalKind, profiles: Vec<String>, labels_changed: bool) {
+    fn set_local(
+        &mut self,
+        key: ItemKey,
+        kind: LocalKind,
+        profiles: Vec<String>,
+        labels_changed: bool,
+    ) {
         let old_profiles = self.local.get(&key).map(|l| l.profiles.clone());
         let is_new = old_profiles.is_none();
         if old_profiles.as_ref() != Some(&profiles) {
@@ -950,7 +964,8 @@ impl CalcGraph {
                 self.profile_ref(p, -1);
             }
         }
-        self.local.insert(key.clone(), LocalEndpoint { kind, profiles });
+        self.local
+            .insert(key.clone(), LocalEndpoint { kind, profiles });
         if is_new || labels_changed {
             self.rematch_local(&key);
         }
@@ -1007,8 +1022,11 @@ impl CalcGraph {
         let was_active = !st.matched.is_empty();
         st.matched.insert(ep.clone());
         if !was_active {
-            let sets: Vec<(String, IpSetSource)> =
-                st.ip_sets.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            let sets: Vec<(String, IpSetSource)> = st
+                .ip_sets
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             for (id, src) in sets {
                 self.acquire_ip_set(&id, &src);
             }
@@ -1043,13 +1061,15 @@ impl CalcGraph {
         } else {
             input.tier.to_string()
         };
-        let selector = parse_selector_or_all(input.selector).map_err(|e| format!("spec.selector: {e}"))?;
+        let selector =
+            parse_selector_or_all(input.selector).map_err(|e| format!("spec.selector: {e}"))?;
         let owner = format!("{tier}/{namespace}/{name}");
         let ScannedRules {
             inbound,
             outbound,
             ip_sets,
-        } = rules::scan_rules(input.ingress, input.egress, namespace, &owner).map_err(|e| e.to_string())?;
+        } = rules::scan_rules(input.ingress, input.egress, namespace, &owner)
+            .map_err(|e| e.to_string())?;
         let (ingress, egress) = policy_types(input.types, input.ingress, input.egress);
         let resolved = ResolvedPolicy {
             namespace: namespace.to_string(),
@@ -1063,7 +1083,10 @@ impl CalcGraph {
             original_selector: input.selector.to_string(),
         };
         let used: BTreeSet<&String> = resolved.ip_set_ids();
-        let ip_sets = ip_sets.into_iter().filter(|(id, _)| used.contains(id)).collect();
+        let ip_sets = ip_sets
+            .into_iter()
+            .filter(|(id, _)| used.contains(id))
+            .collect();
         Ok(PolicyState {
             id: PolicyId {
                 tier,
@@ -1104,20 +1127,27 @@ impl CalcGraph {
             }
         }
         if let Some(mut new) = new {
-            let local_keys: Vec<ItemKey> = self.local.keys().cloned().collect();
-            for key in local_keys {
-                let Some(id) = self.item_ids.get(&key) else {
-                    continue;
-                };
-                let is_hep = matches!(key, ItemKey::Hep { .. });
-                let Some(labels) = self.labels.effective_labels(*id) else {
-                    continue;
-                };
-                if (is_hep || new.applies_to_workloads()) && new.selector.matches(labels) {
-                    new.matched.insert(key.clone());
-                    self.local_policies.entry(key.clone()).or_default().insert(pref.clone());
-                    self.dirty_eps.insert(key);
-                }
+            let matched: Vec<ItemKey> = self
+                .local
+                .keys()
+                .filter(|key| {
+                    let is_hep = matches!(key, ItemKey::Hep { .. });
+                    (is_hep || new.applies_to_workloads())
+                        && self
+                            .item_ids
+                            .get(key)
+                            .and_then(|id| self.labels.effective_labels(*id))
+                            .is_some_and(|labels| new.selector.matches(labels))
+                })
+                .cloned()
+                .collect();
+            for key in matched {
+                new.matched.insert(key.clone());
+                self.local_policies
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(pref.clone());
+                self.dirty_eps.insert(key);
             }
             // Acquire the new sets before releasing the old ones so shared sets survive.
             if !new.matched.is_empty() {
@@ -1212,7 +1242,10 @@ impl CalcGraph {
                         inbound: scanned.inbound,
                         outbound: scanned.outbound,
                     };
-                    (spec.labels_to_apply, Some((Arc::new(profile), scanned.ip_sets)))
+                    (
+                        spec.labels_to_apply,
+                        Some((Arc::new(profile), scanned.ip_sets)),
+                    )
                 }
                 Err(e) => {
                     err = Some(e.to_string());
@@ -1241,7 +1274,11 @@ impl CalcGraph {
         if labels_changed {
             let mut changes = std::mem::take(&mut self.scratch_changes);
             changes.clear();
-            let label_opt = if labels.is_empty() { None } else { Some(labels) };
+            let label_opt = if labels.is_empty() {
+                None
+            } else {
+                Some(labels)
+            };
             let changed_items = self.labels.update_parent(name, label_opt, &mut changes);
             self.apply_changes(&changes);
             changes.clear();
@@ -1261,7 +1298,9 @@ impl CalcGraph {
             }
         }
         // Namespace and service-account views of the Kubernetes profiles.
-        if name.starts_with(NAMESPACE_PROFILE_PREFIX) || name.starts_with(SERVICE_ACCOUNT_PROFILE_PREFIX) {
+        if name.starts_with(NAMESPACE_PROFILE_PREFIX)
+            || name.starts_with(SERVICE_ACCOUNT_PROFILE_PREFIX)
+        {
             self.dirty_profiles.insert(name.to_string());
         }
         self.gc_profile(name);
@@ -1360,24 +1399,36 @@ impl CalcGraph {
 
     // ---- nodes, pools, routes ---------------------------------------------------------
 
-    fn modify_sources(&mut self, cidr: Cidr, f: impl FnOnce(&mut CidrSources)) {
+    /// Changes one CIDR's route sources; `f` reports which node (if any) it added and
+    /// removed a source for.
+    fn modify_sources(&mut self, cidr: Cidr, f: impl FnOnce(&mut CidrSources) -> NodeDelta) {
         let entry = self.route_sources.entry(cidr).or_default();
-        let before = node_names(entry);
-        f(entry);
-        let after = node_names(entry);
+        let delta = f(entry);
         if entry.is_empty() {
             self.route_sources.remove(&cidr);
         }
-        for n in before.difference(&after) {
-            if let Some(set) = self.node_cidrs.get_mut(n) {
-                set.remove(&cidr);
-                if set.is_empty() {
-                    self.node_cidrs.remove(n);
+        if delta.added != delta.removed {
+            if let Some(n) = delta.removed
+                && let Some(counts) = self.node_cidrs.get_mut(&n)
+            {
+                if let Some(c) = counts.get_mut(&cidr) {
+                    *c -= 1;
+                    if *c == 0 {
+                        counts.remove(&cidr);
+                    }
+                }
+                if counts.is_empty() {
+                    self.node_cidrs.remove(&n);
                 }
             }
-        }
-        for n in after.difference(&before) {
-            self.node_cidrs.entry(n.clone()).or_default().insert(cidr);
+            if let Some(n) = delta.added {
+                match self.node_cidrs.get_mut(&n) {
+                    Some(counts) => *counts.entry(cidr).or_insert(0) += 1,
+                    None => {
+                        self.node_cidrs.insert(n, HashMap::from([(cidr, 1)]));
+                    }
+                }
+            }
         }
         self.dirty_cidrs.insert(cidr);
     }
@@ -1414,10 +1465,13 @@ impl CalcGraph {
         let old = old.unwrap_or_default();
         let new = info.unwrap_or_default();
         let host_cidrs = |i: &NodeInfo| -> Vec<Cidr> {
-            [i.ipv4.map(|c| Cidr::host(c.addr())), i.ipv6.map(|c| Cidr::host(c.addr()))]
-                .into_iter()
-                .flatten()
-                .collect()
+            [
+                i.ipv4.map(|c| Cidr::host(c.addr())),
+                i.ipv6.map(|c| Cidr::host(c.addr())),
+            ]
+            .into_iter()
+            .flatten()
+            .collect()
         };
         let tunnel_cidrs = |i: &NodeInfo| -> Vec<Cidr> {
             [i.vxlan_v4, i.vxlan_v6, i.ipip_addr]
@@ -1427,28 +1481,32 @@ impl CalcGraph {
                 .collect()
         };
         for c in host_cidrs(&old) {
-            self.modify_sources(c, |s| {
-                s.hosts.remove(name);
+            self.modify_sources(c, |s| NodeDelta {
+                removed: s.hosts.remove(name).then(|| name.to_string()),
+                added: None,
             });
         }
         for c in tunnel_cidrs(&old) {
-            self.modify_sources(c, |s| {
-                s.tunnels.remove(name);
+            self.modify_sources(c, |s| NodeDelta {
+                removed: s.tunnels.remove(name).then(|| name.to_string()),
+                added: None,
             });
         }
         for c in host_cidrs(&new) {
-            self.modify_sources(c, |s| {
-                s.hosts.insert(name.to_string());
+            self.modify_sources(c, |s| NodeDelta {
+                removed: None,
+                added: s.hosts.insert(name.to_string()).then(|| name.to_string()),
             });
         }
         for c in tunnel_cidrs(&new) {
-            self.modify_sources(c, |s| {
-                s.tunnels.insert(name.to_string());
+            self.modify_sources(c, |s| NodeDelta {
+                removed: None,
+                added: s.tunnels.insert(name.to_string()).then(|| name.to_string()),
             });
         }
         // Routes towards the node carry its address.
         if let Some(cidrs) = self.node_cidrs.get(name) {
-            self.dirty_cidrs.extend(cidrs.iter().copied());
+            self.dirty_cidrs.extend(cidrs.keys().copied());
         }
         if name == self.config.hostname && old.ipv4 != new.ipv4 {
             // "Same subnet" is judged against this node's own address.
@@ -1480,18 +1538,28 @@ impl CalcGraph {
             return err.map_or(Ok(()), Err);
         }
         if let Some(old) = &old {
-            self.modify_sources(old.cidr, |s| s.pool = None);
+            self.modify_sources(old.cidr, |s| {
+                s.pool = None;
+                NodeDelta::default()
+            });
         }
         if let Some(new) = &pool {
             let p = new.clone();
-            self.modify_sources(new.cidr, |s| s.pool = Some(p));
+            self.modify_sources(new.cidr, |s| {
+                s.pool = Some(p);
+                NodeDelta::default()
+            });
         }
         // Every route inside the old or new pool takes its encapsulation and NAT from it.
         let ranges: Vec<Cidr> = old.iter().chain(pool.iter()).map(|p| p.cidr).collect();
         let inside: Vec<Cidr> = self
             .route_sources
             .keys()
-            .filter(|c| ranges.iter().any(|r| r.prefix() <= c.prefix() && r.contains(c.addr())))
+            .filter(|c| {
+                ranges
+                    .iter()
+                    .any(|r| r.prefix() <= c.prefix() && r.contains(c.addr()))
+            })
             .copied()
             .collect();
         self.dirty_cidrs.extend(inside);
@@ -1511,8 +1579,17 @@ impl CalcGraph {
     fn containing_pool(&self, cidr: &Cidr) -> Option<&PoolData> {
         self.pools
             .values()
-            .filter(|p| p.cidr.is_ipv4() == cidr.is_ipv4() && p.cidr.prefix() <= cidr.prefix() && p.cidr.contains(cidr.addr()))
-            .max_by(|a, b| a.cidr.prefix().cmp(&b.cidr.prefix()).then_with(|| b.cidr.cmp(&a.cidr)))
+            .filter(|p| {
+                p.cidr.is_ipv4() == cidr.is_ipv4()
+                    && p.cidr.prefix() <= cidr.prefix()
+                    && p.cidr.contains(cidr.addr())
+            })
+            .max_by(|a, b| {
+                a.cidr
+                    .prefix()
+                    .cmp(&b.cidr.prefix())
+                    .then_with(|| b.cidr.cmp(&a.cidr))
+            })
     }
 
     fn block_owner(&self, ip: IpAddr) -> Option<&String> {
@@ -1530,7 +1607,11 @@ impl CalcGraph {
         let mut dst_node: Option<&String> = None;
         let mut local_workload = false;
         // Workloads first: they are the most specific owner of an address.
-        let wep_node = src.weps.values().find(|n| *n == me).or_else(|| src.weps.values().next());
+        let wep_node = src
+            .weps
+            .values()
+            .find(|n| *n == me)
+            .or_else(|| src.weps.values().next());
         if let Some(node) = wep_node {
             let borrowed_or_listed = node == me
                 || self.config.route_source == RouteSource::WorkloadIps
@@ -1622,10 +1703,18 @@ impl CalcGraph {
         };
         Some(Vtep {
             node: name.to_string(),
-            mac: if v4.is_some() { mac(&n.vxlan_mac, "") } else { String::new() },
+            mac: if v4.is_some() {
+                mac(&n.vxlan_mac, "")
+            } else {
+                String::new()
+            },
             ipv4_addr: v4.map(|(a, _)| a),
             parent_device_ip: v4.map(|(_, p)| p),
-            mac_v6: if v6.is_some() { mac(&n.vxlan_mac_v6, "/v6") } else { String::new() },
+            mac_v6: if v6.is_some() {
+                mac(&n.vxlan_mac_v6, "/v6")
+            } else {
+                String::new()
+            },
             ipv6_addr: v6.map(|(a, _)| a),
             parent_device_ipv6: v6.map(|(_, p)| p),
         })
@@ -1692,8 +1781,16 @@ impl CalcGraph {
                 TierInfo {
                     name: name.to_string(),
                     default_action: self.tier_default_action(name),
-                    ingress_policies: pols.iter().filter(|p| p.ingress).map(|p| p.id.clone()).collect(),
-                    egress_policies: pols.iter().filter(|p| p.egress).map(|p| p.id.clone()).collect(),
+                    ingress_policies: pols
+                        .iter()
+                        .filter(|p| p.ingress)
+                        .map(|p| p.id.clone())
+                        .collect(),
+                    egress_policies: pols
+                        .iter()
+                        .filter(|p| p.egress)
+                        .map(|p| p.id.clone())
+                        .collect(),
                 }
             })
             .collect()
@@ -1725,8 +1822,9 @@ impl CalcGraph {
                 data.tiers = self.tiers_for(&pick(&|p| !p.do_not_track && !p.pre_dnat));
                 data.untracked_tiers = self.tiers_for(&pick(&|p| p.do_not_track));
                 data.pre_dnat_tiers = self.tiers_for(&pick(&|p| p.pre_dnat));
-                data.forward_tiers =
-                    self.tiers_for(&pick(&|p| p.apply_on_forward && !p.do_not_track && !p.pre_dnat));
+                data.forward_tiers = self.tiers_for(&pick(&|p| {
+                    p.apply_on_forward && !p.do_not_track && !p.pre_dnat
+                }));
                 let name = match key {
                     ItemKey::Hep { name } => name.clone(),
                     _ => String::new(),
@@ -1802,7 +1900,9 @@ impl CalcGraph {
                     if let Some((sent_id, _)) = sent
                         && *sent_id != id
                     {
-                        policy_removes.push(Message::ActivePolicyRemove { id: sent_id.clone() });
+                        policy_removes.push(Message::ActivePolicyRemove {
+                            id: sent_id.clone(),
+                        });
                     }
                     if sent.is_none_or(|(sid, spol)| *sid != id || **spol != *pol) {
                         out.push(Message::ActivePolicyUpdate {
@@ -1856,7 +1956,10 @@ impl CalcGraph {
             if let Some(ns) = name.strip_prefix(NAMESPACE_PROFILE_PREFIX) {
                 let labels: BTreeMap<String, String> = labels
                     .into_iter()
-                    .filter_map(|(k, v)| k.strip_prefix(NAMESPACE_LABEL_PREFIX).map(|k| (k.to_string(), v)))
+                    .filter_map(|(k, v)| {
+                        k.strip_prefix(NAMESPACE_LABEL_PREFIX)
+                            .map(|k| (k.to_string(), v))
+                    })
                     .collect();
                 diff_labels(
                     &mut self.sent_namespaces,
@@ -1871,7 +1974,8 @@ impl CalcGraph {
                 let labels: BTreeMap<String, String> = labels
                     .into_iter()
                     .filter_map(|(k, v)| {
-                        k.strip_prefix(SERVICE_ACCOUNT_LABEL_PREFIX).map(|k| (k.to_string(), v))
+                        k.strip_prefix(SERVICE_ACCOUNT_LABEL_PREFIX)
+                            .map(|k| (k.to_string(), v))
                     })
                     .collect();
                 diff_labels(
@@ -1997,7 +2101,9 @@ impl CalcGraph {
                         if let Some(old) = self.sent_pools.get(&name)
                             && old.cidr != p.cidr
                         {
-                            out.push(Message::IpamPoolRemove { id: pool_id(&old.cidr) });
+                            out.push(Message::IpamPoolRemove {
+                                id: pool_id(&old.cidr),
+                            });
                         }
                         out.push(Message::IpamPoolUpdate {
                             id: pool_id(&p.cidr),
@@ -2008,13 +2114,17 @@ impl CalcGraph {
                 }
                 None => {
                     if let Some(old) = self.sent_pools.remove(&name) {
-                        out.push(Message::IpamPoolRemove { id: pool_id(&old.cidr) });
+                        out.push(Message::IpamPoolRemove {
+                            id: pool_id(&old.cidr),
+                        });
                     }
                 }
             }
         }
         let encap = self.compute_encap();
-        if self.sent_encap != Some(encap) && (self.sent_encap.is_some() || self.in_sync_pending || !self.pools.is_empty()) {
+        if self.sent_encap != Some(encap)
+            && (self.sent_encap.is_some() || self.in_sync_pending || !self.pools.is_empty())
+        {
             out.push(Message::Encapsulation {
                 ipip: encap.ipip,
                 vxlan: encap.vxlan,
@@ -2043,7 +2153,11 @@ impl CalcGraph {
                 .count(),
             local_endpoints: self.local.len(),
             policies: self.policies.len(),
-            active_policies: self.policies.values().filter(|p| !p.matched.is_empty()).count(),
+            active_policies: self
+                .policies
+                .values()
+                .filter(|p| !p.matched.is_empty())
+                .count(),
             profiles: self.profiles.values().filter(|p| p.rules.is_some()).count(),
             active_profiles: self.profiles.values().filter(|p| p.refs > 0).count(),
             active_ip_sets: self.ip_sets.values().filter(|s| s.refs > 0).count(),
@@ -2089,6 +2203,12 @@ impl CalcGraph {
     }
 }
 
+#[derive(Default)]
+struct NodeDelta {
+    added: Option<String>,
+    removed: Option<String>,
+}
+
 struct PolicyInput<'a> {
     tier: &'a str,
     order: Option<f64>,
@@ -2101,17 +2221,11 @@ struct PolicyInput<'a> {
     apply_on_forward: bool,
 }
 
-fn node_names(s: &CidrSources) -> BTreeSet<String> {
-    let mut n: BTreeSet<String> = s.weps.values().cloned().collect();
-    n.extend(s.block.iter().cloned());
-    n.extend(s.hosts.iter().cloned());
-    n.extend(s.tunnels.iter().cloned());
-    n
-}
-
 fn removal_for(m: &Message) -> Message {
     match m {
-        Message::WorkloadEndpointUpdate { id, .. } => Message::WorkloadEndpointRemove { id: id.clone() },
+        Message::WorkloadEndpointUpdate { id, .. } => {
+            Message::WorkloadEndpointRemove { id: id.clone() }
+        }
         Message::HostEndpointUpdate { id, .. } => Message::HostEndpointRemove { id: id.clone() },
         other => other.clone(),
     }

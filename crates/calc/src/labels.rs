@@ -60,19 +60,25 @@ struct SelEntry {
 #[derive(Debug, Default)]
 struct ItemsByLabel {
     by_value: HashMap<String, HashMap<String, HashSet<ItemId>>>,
-    by_label: HashMap<String, HashSet<ItemId>>,
 }
 
 impl ItemsByLabel {
     fn add(&mut self, id: ItemId, labels: &LabelMap) {
         for (k, v) in labels {
-            self.by_value
-                .entry(k.clone())
-                .or_default()
-                .entry(v.clone())
-                .or_default()
-                .insert(id);
-            self.by_label.entry(k.clone()).or_default().insert(id);
+            // Look up before inserting: most labels and values exist already, and `entry`
+            // would allocate a key each time.
+            let values = match self.by_value.get_mut(k) {
+                Some(values) => values,
+                None => self.by_value.entry(k.clone()).or_default(),
+            };
+            match values.get_mut(v) {
+                Some(ids) => {
+                    ids.insert(id);
+                }
+                None => {
+                    values.insert(v.clone(), HashSet::from([id]));
+                }
+            }
         }
     }
 
@@ -89,23 +95,22 @@ impl ItemsByLabel {
                     self.by_value.remove(k);
                 }
             }
-            if let Some(ids) = self.by_label.get_mut(k) {
-                ids.remove(&id);
-                if ids.is_empty() {
-                    self.by_label.remove(k);
-                }
-            }
         }
     }
 
     fn count_values(&self, label: &str, values: &[String]) -> usize {
         self.by_value.get(label).map_or(0, |m| {
-            values.iter().map(|v| m.get(v).map_or(0, HashSet::len)).sum()
+            values
+                .iter()
+                .map(|v| m.get(v).map_or(0, HashSet::len))
+                .sum()
         })
     }
 
     fn count_label(&self, label: &str) -> usize {
-        self.by_label.get(label).map_or(0, HashSet::len)
+        self.by_value
+            .get(label)
+            .map_or(0, |m| m.values().map(HashSet::len).sum())
     }
 }
 
@@ -200,7 +205,11 @@ pub struct LabelIndex {
     pub evaluations: u64,
 }
 
-fn effective_labels(own: &LabelMap, parents: &[String], parent_map: &HashMap<String, ParentEntry>) -> LabelMap {
+fn effective_labels(
+    own: &LabelMap,
+    parents: &[String],
+    parent_map: &HashMap<String, ParentEntry>,
+) -> LabelMap {
     let mut eff = own.clone();
     for p in parents {
         if let Some(entry) = parent_map.get(p) {
@@ -264,7 +273,11 @@ impl LabelIndex {
                 }
             }
             for p in &parents {
-                self.parents.entry(p.clone()).or_default().children.insert(id);
+                self.parents
+                    .entry(p.clone())
+                    .or_default()
+                    .children
+                    .insert(id);
             }
             // Entries with neither labels nor children are dropped lazily in `gc_parent`.
             for p in &entry.parents {
@@ -433,9 +446,9 @@ impl LabelIndex {
             }
             IndexKey::Present(label) => self
                 .items_by_label
-                .by_label
+                .by_value
                 .get(label)
-                .map(|ids| ids.iter().copied().collect())
+                .map(|m| m.values().flatten().copied().collect())
                 .unwrap_or_default(),
             IndexKey::Unindexed => self.items.keys().copied().collect(),
         };
@@ -568,11 +581,25 @@ mod tests {
         assert_eq!(matches(&idx, s), vec![a, b]);
         ch.clear();
         idx.update_item(a, labels(&[("app", "db")]), vec![], &mut ch);
-        assert_eq!(ch, vec![MatchChange { selector: s, item: a, matched: false }]);
+        assert_eq!(
+            ch,
+            vec![MatchChange {
+                selector: s,
+                item: a,
+                matched: false
+            }]
+        );
         assert_eq!(matches(&idx, s), vec![b]);
         ch.clear();
         idx.remove_item(b, &mut ch);
-        assert_eq!(ch, vec![MatchChange { selector: s, item: b, matched: false }]);
+        assert_eq!(
+            ch,
+            vec![MatchChange {
+                selector: s,
+                item: b,
+                matched: false
+            }]
+        );
         assert!(matches(&idx, s).is_empty());
     }
 
@@ -581,7 +608,12 @@ mod tests {
         let mut idx = LabelIndex::new();
         let mut ch = Vec::new();
         let a = idx.new_item_id();
-        idx.update_item(a, labels(&[("app", "web")]), vec!["kns.prod".into()], &mut ch);
+        idx.update_item(
+            a,
+            labels(&[("app", "web")]),
+            vec!["kns.prod".into()],
+            &mut ch,
+        );
         let s = idx.acquire(&sel("pcns.env == 'prod' && app == 'web'"), &mut ch);
         assert!(matches(&idx, s).is_empty());
         let changed = idx.update_parent("kns.prod", Some(labels(&[("pcns.env", "prod")])), &mut ch);
@@ -595,7 +627,12 @@ mod tests {
             &mut ch,
         );
         assert!(matches(&idx, s).is_empty());
-        idx.update_item(a, labels(&[("app", "web")]), vec!["kns.prod".into()], &mut ch);
+        idx.update_item(
+            a,
+            labels(&[("app", "web")]),
+            vec!["kns.prod".into()],
+            &mut ch,
+        );
         assert_eq!(matches(&idx, s), vec![a]);
         idx.update_parent("kns.prod", None, &mut ch);
         assert!(matches(&idx, s).is_empty());

@@ -40,7 +40,11 @@ pub struct WorkloadEndpointId {
 
 impl fmt::Display for WorkloadEndpointId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}", self.orchestrator, self.workload, self.endpoint)
+        write!(
+            f,
+            "{}/{}/{}",
+            self.orchestrator, self.workload, self.endpoint
+        )
     }
 }
 
@@ -72,7 +76,11 @@ impl fmt::Display for PortProtocol {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum IpSetMember {
     Net(Cidr),
-    IpPort { ip: IpAddr, protocol: PortProtocol, port: u16 },
+    IpPort {
+        ip: IpAddr,
+        protocol: PortProtocol,
+        port: u16,
+    },
 }
 
 impl IpSetMember {
@@ -178,7 +186,11 @@ pub struct ResolvedPolicy {
 
 impl ResolvedPolicy {
     pub fn ip_set_ids(&self) -> BTreeSet<&String> {
-        self.inbound.iter().chain(&self.outbound).flat_map(ResolvedRule::ip_set_ids).collect()
+        self.inbound
+            .iter()
+            .chain(&self.outbound)
+            .flat_map(ResolvedRule::ip_set_ids)
+            .collect()
     }
 }
 
@@ -216,7 +228,9 @@ pub struct WorkloadEndpointData {
 
 impl WorkloadEndpointData {
     pub fn policy_ids(&self) -> impl Iterator<Item = &PolicyId> {
-        self.tiers.iter().flat_map(|t| t.ingress_policies.iter().chain(&t.egress_policies))
+        self.tiers
+            .iter()
+            .flat_map(|t| t.ingress_policies.iter().chain(&t.egress_policies))
     }
 }
 
@@ -311,31 +325,93 @@ pub enum Message {
     /// Every earlier message describes the complete datastore state: the dataplane may now
     /// remove what it owns and nobody asked for.
     InSync,
-    ConfigUpdate { config: BTreeMap<String, String> },
-    IpSetUpdate { id: String, kind: IpSetKind, members: Vec<IpSetMember> },
-    IpSetDeltaUpdate { id: String, added: Vec<IpSetMember>, removed: Vec<IpSetMember> },
-    IpSetRemove { id: String },
-    ActiveProfileUpdate { id: String, profile: Arc<ResolvedProfile> },
-    ActiveProfileRemove { id: String },
-    ActivePolicyUpdate { id: PolicyId, policy: Arc<ResolvedPolicy> },
-    ActivePolicyRemove { id: PolicyId },
-    WorkloadEndpointUpdate { id: WorkloadEndpointId, endpoint: Arc<WorkloadEndpointData> },
-    WorkloadEndpointRemove { id: WorkloadEndpointId },
-    HostEndpointUpdate { id: String, endpoint: Arc<HostEndpointData> },
-    HostEndpointRemove { id: String },
-    HostMetadataUpdate { hostname: String, ipv4: Option<Cidr>, ipv6: Option<Cidr>, labels: BTreeMap<String, String> },
-    HostMetadataRemove { hostname: String },
-    IpamPoolUpdate { id: String, pool: PoolData },
-    IpamPoolRemove { id: String },
-    NamespaceUpdate { id: String, labels: BTreeMap<String, String> },
-    NamespaceRemove { id: String },
-    ServiceAccountUpdate { id: String, labels: BTreeMap<String, String> },
-    ServiceAccountRemove { id: String },
+    ConfigUpdate {
+        config: BTreeMap<String, String>,
+    },
+    IpSetUpdate {
+        id: String,
+        kind: IpSetKind,
+        members: Vec<IpSetMember>,
+    },
+    IpSetDeltaUpdate {
+        id: String,
+        added: Vec<IpSetMember>,
+        removed: Vec<IpSetMember>,
+    },
+    IpSetRemove {
+        id: String,
+    },
+    ActiveProfileUpdate {
+        id: String,
+        profile: Arc<ResolvedProfile>,
+    },
+    ActiveProfileRemove {
+        id: String,
+    },
+    ActivePolicyUpdate {
+        id: PolicyId,
+        policy: Arc<ResolvedPolicy>,
+    },
+    ActivePolicyRemove {
+        id: PolicyId,
+    },
+    WorkloadEndpointUpdate {
+        id: WorkloadEndpointId,
+        endpoint: Arc<WorkloadEndpointData>,
+    },
+    WorkloadEndpointRemove {
+        id: WorkloadEndpointId,
+    },
+    HostEndpointUpdate {
+        id: String,
+        endpoint: Arc<HostEndpointData>,
+    },
+    HostEndpointRemove {
+        id: String,
+    },
+    HostMetadataUpdate {
+        hostname: String,
+        ipv4: Option<Cidr>,
+        ipv6: Option<Cidr>,
+        labels: BTreeMap<String, String>,
+    },
+    HostMetadataRemove {
+        hostname: String,
+    },
+    IpamPoolUpdate {
+        id: String,
+        pool: PoolData,
+    },
+    IpamPoolRemove {
+        id: String,
+    },
+    NamespaceUpdate {
+        id: String,
+        labels: BTreeMap<String, String>,
+    },
+    NamespaceRemove {
+        id: String,
+    },
+    ServiceAccountUpdate {
+        id: String,
+        labels: BTreeMap<String, String>,
+    },
+    ServiceAccountRemove {
+        id: String,
+    },
     RouteUpdate(Route),
-    RouteRemove { dst: Cidr },
+    RouteRemove {
+        dst: Cidr,
+    },
     VtepUpdate(Vtep),
-    VtepRemove { node: String },
-    Encapsulation { ipip: bool, vxlan: bool, vxlan_v6: bool },
+    VtepRemove {
+        node: String,
+    },
+    Encapsulation {
+        ipip: bool,
+        vxlan: bool,
+        vxlan_v6: bool,
+    },
 }
 
 impl Message {

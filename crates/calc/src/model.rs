@@ -140,7 +140,11 @@ impl DataplaneModel {
                     .ok_or_else(|| ContractError::RemoveMissing(format!("profile {id}")))?;
             }
             Message::WorkloadEndpointUpdate { id, endpoint } => {
-                self.check_refs(&id.to_string(), endpoint.policy_ids(), &endpoint.profile_ids)?;
+                self.check_refs(
+                    &id.to_string(),
+                    endpoint.policy_ids(),
+                    &endpoint.profile_ids,
+                )?;
                 self.workload_endpoints.insert(id.clone(), endpoint.clone());
             }
             Message::WorkloadEndpointRemove { id } => {
@@ -227,12 +231,18 @@ impl DataplaneModel {
     ) -> Result<(), ContractError> {
         for p in policies {
             if !self.policies.contains_key(p) {
-                return Err(ContractError::MissingPolicy(endpoint.to_string(), p.to_string()));
+                return Err(ContractError::MissingPolicy(
+                    endpoint.to_string(),
+                    p.to_string(),
+                ));
             }
         }
         for p in profiles {
             if !self.profiles.contains_key(p) {
-                return Err(ContractError::MissingProfile(endpoint.to_string(), p.clone()));
+                return Err(ContractError::MissingProfile(
+                    endpoint.to_string(),
+                    p.clone(),
+                ));
             }
         }
         Ok(())

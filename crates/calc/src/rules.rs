@@ -149,10 +149,7 @@ pub fn scan_rules(
     owner: &str,
 ) -> Result<ScannedRules, RuleError> {
     let mut out = ScannedRules::default();
-    for (dir, rules, field) in [
-        (0, ingress, "spec.ingress"),
-        (1, egress, "spec.egress"),
-    ] {
+    for (dir, rules, field) in [(0, ingress, "spec.ingress"), (1, egress, "spec.egress")] {
         for (i, rule) in rules.iter().enumerate() {
             let field = format!("{field}[{i}]");
             let resolved = scan_rule(rule, namespace, &field, &mut out.ip_sets, owner, i)?;
@@ -230,7 +227,8 @@ pub fn entity_selector(er: &EntityRule, namespace: &str, field: &str) -> Result<
         [one] => (*one).to_string(),
         many => format!("({})", many.join(") && (")),
     };
-    let scoped = !selector.is_empty() || !er.not_selector.is_empty() || !er.namespace_selector.is_empty();
+    let scoped =
+        !selector.is_empty() || !er.not_selector.is_empty() || !er.namespace_selector.is_empty();
     if !ns_selector.is_empty() && scoped {
         selector = if selector.is_empty() {
             ns_selector
@@ -256,8 +254,14 @@ fn split_ports(ports: &[Port]) -> (Vec<PortRange>, Vec<String>) {
     let mut named = Vec::new();
     for p in ports {
         match p {
-            Port::Single(n) => numeric.push(PortRange { first: *n, last: *n }),
-            Port::Range(a, b) => numeric.push(PortRange { first: *a, last: *b }),
+            Port::Single(n) => numeric.push(PortRange {
+                first: *n,
+                last: *n,
+            }),
+            Port::Range(a, b) => numeric.push(PortRange {
+                first: *a,
+                last: *b,
+            }),
             Port::Named(name) => named.push(name.clone()),
         }
     }
@@ -278,7 +282,10 @@ fn nets(field: &str, values: &[String]) -> Result<Vec<Cidr>, RuleError> {
         .collect()
 }
 
-fn icmp(field: &str, f: &Option<margay_api::policy::IcmpFields>) -> Result<Option<IcmpMatch>, RuleError> {
+fn icmp(
+    field: &str,
+    f: &Option<margay_api::policy::IcmpFields>,
+) -> Result<Option<IcmpMatch>, RuleError> {
     let Some(f) = f else { return Ok(None) };
     let Some(t) = f.type_ else {
         return Ok(None);
@@ -313,7 +320,10 @@ fn scan_side(
 ) -> Result<Side, RuleError> {
     let positive = entity_selector(er, namespace, field)?;
     let (positive, negative) = if !positive.is_empty() && !er.not_selector.is_empty() {
-        (format!("({positive}) && (!({}))", er.not_selector), String::new())
+        (
+            format!("({positive}) && (!({}))", er.not_selector),
+            String::new(),
+        )
     } else {
         (positive, er.not_selector.clone())
     };
@@ -354,11 +364,12 @@ fn scan_side(
         }));
     }
     for port in &not_named {
-        m.not_named_port_ip_set_ids.push(add(IpSetSource::NamedPort {
-            selector: named_sel.clone(),
-            protocol: named_port_proto,
-            port: port.clone(),
-        }));
+        m.not_named_port_ip_set_ids
+            .push(add(IpSetSource::NamedPort {
+                selector: named_sel.clone(),
+                protocol: named_port_proto,
+                port: port.clone(),
+            }));
     }
     // The named-port sets are already filtered by the positive selector; a separate selector
     // set is only needed when numeric ports (or no ports) are matched too.
@@ -502,7 +513,10 @@ mod tests {
             "projectcalico.org/namespace == 'prod'"
         );
         // Global policy: unscoped.
-        assert_eq!(entity_selector(&er("app == 'db'", "", ""), "", "f").unwrap(), "app == 'db'");
+        assert_eq!(
+            entity_selector(&er("app == 'db'", "", ""), "", "f").unwrap(),
+            "app == 'db'"
+        );
     }
 
     #[test]
@@ -555,7 +569,11 @@ mod tests {
         let id = &r.dst.named_port_ip_set_ids[0];
         assert!(id.starts_with("n:"));
         match &scanned.ip_sets[id] {
-            IpSetSource::NamedPort { selector, protocol, port } => {
+            IpSetSource::NamedPort {
+                selector,
+                protocol,
+                port,
+            } => {
                 assert_eq!(selector.canonical(), "app == \"web\"");
                 assert_eq!(*protocol, Some(PortProtocol::Tcp));
                 assert_eq!(port, "http");
@@ -595,7 +613,11 @@ mod tests {
         let a = scan_rules(std::slice::from_ref(&rule), &[], "", "p").unwrap();
         let b = scan_rules(&[rule], &[], "", "p").unwrap();
         assert_eq!(a.inbound, b.inbound);
-        assert!(a.ip_sets.values().any(|s| matches!(s, IpSetSource::Service { .. })));
+        assert!(
+            a.ip_sets
+                .values()
+                .any(|s| matches!(s, IpSetSource::Service { .. }))
+        );
     }
 
     #[test]

@@ -117,10 +117,12 @@ impl DataplaneDriver for RecordingDriver {
             st.model.apply(m)?;
             st.messages_applied += 1;
             match m {
-                Message::WorkloadEndpointUpdate { id, .. } => status.push(StatusUpdate::WorkloadEndpoint {
-                    id: id.clone(),
-                    status: EndpointStatus::Up,
-                }),
+                Message::WorkloadEndpointUpdate { id, .. } => {
+                    status.push(StatusUpdate::WorkloadEndpoint {
+                        id: id.clone(),
+                        status: EndpointStatus::Up,
+                    })
+                }
                 Message::WorkloadEndpointRemove { id } => {
                     status.push(StatusUpdate::WorkloadEndpointRemoved { id: id.clone() })
                 }
