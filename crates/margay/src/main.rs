@@ -33,6 +33,9 @@ enum Role {
     Ctl(margay_ctl::CtlArgs),
     /// Node registration and health (like calico-node -startup / -felix-live).
     Node(margay_node::cli::NodeArgs),
+    /// The per-node policy daemon (like calico-node -felix): run it, see its status and its
+    /// configuration.
+    Felix(margay_felix::cli::FelixArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,11 +54,18 @@ fn main() -> ExitCode {
         margay_node::cli::normalize_health_args(&mut args[3..]);
     }
     let cli = Cli::parse_from(args);
+    let explicit_level = cli.log_level.is_some();
     let level = cli.log_level.clone().unwrap_or_else(|| match &cli.role {
         Role::Ctl(_) => "warn".to_string(),
         Role::Node(_) => calico_level(std::env::var("CALICO_STARTUP_LOGLEVEL").ok(), "info"),
+        // Felix's early logging comes from the environment (Calico's
+        // ConfigureEarlyLoggingFromEnv); its commands other than the daemon are quiet.
+        Role::Felix(f) if felix_runs_daemon(f) => {
+            calico_level(std::env::var("FELIX_LOGSEVERITYSCREEN").ok(), "info")
+        }
+        Role::Felix(_) => "warn".to_string(),
     });
-    init_logging(&level);
+    let set_level = init_logging(&level);
     let code = match cli.role {
         Role::Ctl(ctl) => margay_ctl::run(
             ctl,
@@ -66,6 +76,14 @@ fn main() -> ExitCode {
         Role::Node(node) => {
             margay_node::cli::run_node(node, &mut io::stdout().lock(), &mut io::stderr().lock())
         }
+        // Once configuration is loaded, Felix applies LogSeverityScreen, unless the level was
+        // given on the command line.
+        Role::Felix(felix) => margay_felix::cli::run_felix(
+            felix,
+            (!explicit_level).then_some(set_level),
+            &mut io::stdout(),
+            &mut io::stderr(),
+        ),
     };
     let _ = io::stdout().flush();
     ExitCode::from(code)
@@ -85,14 +103,28 @@ fn calico_level(value: Option<String>, default: &str) -> String {
     }
 }
 
-fn init_logging(level: &str) {
+fn felix_runs_daemon(f: &margay_felix::cli::FelixArgs) -> bool {
+    matches!(
+        f.command,
+        None | Some(margay_felix::cli::FelixCommand::Run(_))
+    )
+}
+
+/// Installs the stderr subscriber; returns a way to change its level later.
+fn init_logging(level: &str) -> margay_felix::LogLevelSetter {
     let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|e| {
         eprintln!("warning: invalid --log-level {level:?} ({e}); using warn");
         tracing_subscriber::EnvFilter::new("warn")
     });
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
         .with_target(false)
-        .init();
+        .with_filter_reloading();
+    let handle = builder.reload_handle();
+    builder.init();
+    std::sync::Arc::new(move |level: &str| {
+        let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    })
 }

@@ -1,0 +1,606 @@
+//! Felix's node-local status API: a unix socket (default `/var/run/margay/felix.sock`, mode
+//! 0600) that answers one request per connection with JSON and closes.
+//!
+//! Protocol: the client writes one line naming what it wants — `status` (everything but the
+//! configuration), `config`, `endpoints`, `ipsets`, `problems`, `bootstrap`, `health` or
+//! `all` — and reads JSON until the server closes. An HTTP `GET /<name>` request works too
+//! (`curl --unix-socket /var/run/margay/felix.sock http://felix/status`).
+//! `margay felix status` is the client and renders the answer for people.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::FelixError;
+use crate::bootstrap::PhaseTiming;
+use crate::health::ComponentHealth;
+
+/// Where the status socket is unless `--status-socket` / MARGAY_FELIX_STATUS_SOCKET say
+/// otherwise.
+pub const DEFAULT_SOCKET: &str = "/var/run/margay/felix.sock";
+/// The requests the server knows.
+pub const REQUESTS: &[&str] = &[
+    "status",
+    "all",
+    "config",
+    "endpoints",
+    "ipsets",
+    "problems",
+    "bootstrap",
+    "health",
+];
+
+/// One tier of policies applied to an endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TierView {
+    pub name: String,
+    /// `normal`, or for host endpoints `untracked`, `pre-dnat`, `forward`.
+    #[serde(default)]
+    pub stage: String,
+    pub default_action: String,
+    pub ingress: Vec<String>,
+    pub egress: Vec<String>,
+}
+
+/// A local endpoint with its policy, as the dataplane was told.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EndpointView {
+    /// `workload` or `host`.
+    pub kind: String,
+    pub id: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    pub interface: String,
+    pub addresses: Vec<String>,
+    pub profiles: Vec<String>,
+    pub tiers: Vec<TierView>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IpSetView {
+    pub id: String,
+    pub kind: String,
+    pub members: usize,
+    pub users: u32,
+    pub source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProblemView {
+    pub resource: String,
+    /// `validation` (the validation filter turned it into a deletion) or `graph` (the
+    /// calculation graph could not use it).
+    pub stage: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DataplaneView {
+    pub driver: String,
+    pub in_sync: bool,
+    pub messages_applied: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct BootstrapView {
+    pub phases: Vec<PhaseTiming>,
+    /// Seconds from start to ready, once ready.
+    pub ready_after_seconds: Option<f64>,
+}
+
+/// Everything `status` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusDoc {
+    pub hostname: String,
+    pub version: String,
+    pub pid: u32,
+    pub uptime_seconds: f64,
+    pub live: bool,
+    pub ready: bool,
+    pub health: Vec<ComponentHealth>,
+    /// The syncer's status: `wait-for-datastore`, `resync-in-progress`, `in-sync`.
+    pub sync_status: String,
+    /// The calculation graph has sent the dataplane the complete state.
+    pub in_sync: bool,
+    pub datastore: String,
+    pub dataplane: DataplaneView,
+    /// The calculation graph's counters (`CalcGraph::counts()`).
+    pub counts: BTreeMap<String, u64>,
+    pub bootstrap: BootstrapView,
+    pub endpoints: Vec<EndpointView>,
+    pub ip_sets: Vec<IpSetView>,
+    pub problems: Vec<ProblemView>,
+    /// Only in `all`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<serde_json::Value>,
+}
+
+fn fmt_secs(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.1}ms", s * 1000.0)
+    } else {
+        format!("{s:.3}s")
+    }
+}
+
+fn fmt_uptime(s: f64) -> String {
+    let total = s as u64;
+    let (h, m, sec) = (total / 3600, (total / 60) % 60, total % 60);
+    if h > 0 {
+        format!("{h}h{m}m{sec}s")
+    } else if m > 0 {
+        format!("{m}m{sec}s")
+    } else {
+        format!("{s:.1}s")
+    }
+}
+
+/// Aligned columns, two spaces apart, indented by two.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut s = String::from(" ");
+        for (i, c) in cells.iter().enumerate() {
+            let w = widths.get(i).copied().unwrap_or(0);
+            if i + 1 == cells.len() {
+                let _ = write!(s, " {c}");
+            } else {
+                let _ = write!(s, " {c:<w$} ");
+            }
+        }
+        out.push_str(s.trim_end());
+        out.push('\n');
+    };
+    line(headers.to_vec());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+fn list_or_dash(v: &[String]) -> String {
+    if v.is_empty() {
+        "-".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// What `margay felix status` prints.
+pub fn render(doc: &StatusDoc) -> String {
+    let mut out = String::new();
+    let yes = |b: bool, y: &str, n: &str| if b { y.to_string() } else { n.to_string() };
+    let _ = writeln!(
+        out,
+        "Felix on {} (margay {}, pid {}): {}, {}; up {}",
+        doc.hostname,
+        doc.version,
+        doc.pid,
+        yes(doc.live, "live", "NOT LIVE"),
+        yes(doc.ready, "ready", "NOT READY"),
+        fmt_uptime(doc.uptime_seconds)
+    );
+    let _ = writeln!(out, "Datastore:  {} ({})", doc.datastore, doc.sync_status);
+    let _ = writeln!(
+        out,
+        "Dataplane:  {} driver, {}; {} messages applied",
+        doc.dataplane.driver,
+        yes(doc.dataplane.in_sync, "in sync", "not in sync yet"),
+        doc.dataplane.messages_applied
+    );
+    let c = |k: &str| doc.counts.get(k).copied().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "Counts:     {} local endpoints of {} workload endpoints; {} of {} policies active; {} of {} profiles active; {} IP sets ({} members); {} selectors; {} hosts; {} pools; {} routes",
+        c("local_endpoints"),
+        c("workload_endpoints"),
+        c("active_policies"),
+        c("policies"),
+        c("active_profiles"),
+        c("profiles"),
+        c("active_ip_sets"),
+        c("ip_set_members"),
+        c("selectors"),
+        c("hosts"),
+        c("pools"),
+        c("routes"),
+    );
+
+    let _ = writeln!(out, "\nHealth:");
+    let rows: Vec<Vec<String>> = doc
+        .health
+        .iter()
+        .map(|h| {
+            vec![
+                h.name.clone(),
+                h.timeout.clone(),
+                h.liveness.clone(),
+                h.readiness.clone(),
+                if h.detail.is_empty() {
+                    "-".into()
+                } else {
+                    h.detail.clone()
+                },
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["COMPONENT", "TIMEOUT", "LIVENESS", "READINESS", "DETAIL"],
+        &rows,
+    ));
+
+    let _ = match doc.bootstrap.ready_after_seconds {
+        Some(s) => writeln!(out, "\nStart-up (ready {} after start):", fmt_secs(s)),
+        None => writeln!(out, "\nStart-up (not ready yet):"),
+    };
+    let rows: Vec<Vec<String>> = doc
+        .bootstrap
+        .phases
+        .iter()
+        .map(|p| vec![p.phase.clone(), fmt_secs(p.seconds), fmt_secs(p.at_seconds)])
+        .collect();
+    out.push_str(&table(&["PHASE", "TOOK", "DONE AT"], &rows));
+
+    let _ = writeln!(out, "\nLocal endpoints ({}):", doc.endpoints.len());
+    if doc.endpoints.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    } else {
+        let mut rows = Vec::new();
+        for e in &doc.endpoints {
+            let first = vec![
+                e.id.clone(),
+                e.interface.clone(),
+                list_or_dash(&e.addresses),
+                list_or_dash(&e.profiles),
+            ];
+            if e.tiers.is_empty() {
+                let mut r = first;
+                r.extend(["-".to_string(), "-".to_string(), "-".to_string()]);
+                rows.push(r);
+                continue;
+            }
+            for (i, t) in e.tiers.iter().enumerate() {
+                let mut r = if i == 0 {
+                    first.clone()
+                } else {
+                    vec![String::new(); 4]
+                };
+                let mut tier = format!("{} ({})", t.name, t.default_action.to_lowercase());
+                if !t.stage.is_empty() && t.stage != "normal" {
+                    tier = format!("{}: {tier}", t.stage);
+                }
+                r.extend([tier, list_or_dash(&t.ingress), list_or_dash(&t.egress)]);
+                rows.push(r);
+            }
+        }
+        out.push_str(&table(
+            &[
+                "ENDPOINT",
+                "INTERFACE",
+                "ADDRESSES",
+                "PROFILES",
+                "TIER (DEFAULT)",
+                "INGRESS POLICIES (IN ORDER)",
+                "EGRESS POLICIES (IN ORDER)",
+            ],
+            &rows,
+        ));
+    }
+
+    let _ = writeln!(out, "\nIP sets ({}):", doc.ip_sets.len());
+    if doc.ip_sets.is_empty() {
+        let _ = writeln!(out, "  (none)");
+    } else {
+        let rows: Vec<Vec<String>> = doc
+            .ip_sets
+            .iter()
+            .map(|s| {
+                vec![
+                    s.id.clone(),
+                    s.kind.clone(),
+                    s.members.to_string(),
+                    s.users.to_string(),
+                    s.source.clone(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["ID", "KIND", "MEMBERS", "USERS", "SOURCE"], &rows));
+    }
+
+    let _ = writeln!(out, "\nProblems ({}):", doc.problems.len());
+    if doc.problems.is_empty() {
+        let _ = writeln!(out, "  (none: every resource was accepted)");
+    } else {
+        let rows: Vec<Vec<String>> = doc
+            .problems
+            .iter()
+            .map(|p| vec![p.resource.clone(), p.stage.clone(), p.reason.clone()])
+            .collect();
+        out.push_str(&table(&["RESOURCE", "STAGE", "REASON"], &rows));
+    }
+    out
+}
+
+// ---- the socket ---------------------------------------------------------------------------
+
+/// The listening socket; removes its file when dropped.
+pub struct StatusSocket {
+    pub listener: tokio::net::UnixListener,
+    path: PathBuf,
+}
+
+impl Drop for StatusSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl StatusSocket {
+    /// Creates the directory, replaces a stale socket (refuses to take over one another Felix
+    /// is answering on), binds and restricts the socket to its owner.
+    pub fn bind(path: &Path) -> Result<StatusSocket, FelixError> {
+        let err = |reason: String| FelixError::StatusSocket {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| err(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_socket() => {
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    return Err(err(
+                        "another felix is answering on it; stop it or choose another path with \
+                         --status-socket"
+                            .into(),
+                    ));
+                }
+                tracing::info!(path = %path.display(), "removing a stale status socket");
+                std::fs::remove_file(path)
+                    .map_err(|e| err(format!("cannot remove the stale socket: {e}")))?;
+            }
+            Ok(_) => {
+                return Err(err(
+                    "the path exists and is not a socket; remove it or choose another path with \
+                     --status-socket"
+                        .into(),
+                ));
+            }
+            Err(_) => {}
+        }
+        let listener = tokio::net::UnixListener::bind(path).map_err(|e| err(e.to_string()))?;
+        let sock = StatusSocket {
+            listener,
+            path: path.to_path_buf(),
+        };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| err(format!("cannot restrict its permissions: {e}")))?;
+        Ok(sock)
+    }
+}
+
+/// What a connection asked for: the request name and whether to answer in HTTP.
+pub fn parse_request(first_line: &str) -> (String, bool) {
+    let line = first_line.trim();
+    if let Some(req) = crate::http::parse_request_line(line) {
+        return (req.path.trim_matches('/').to_string(), true);
+    }
+    (line.to_ascii_lowercase(), false)
+}
+
+/// Asks a running Felix over its status socket.
+pub fn request(path: &Path, what: &str, timeout: Duration) -> Result<String, FelixError> {
+    let err = |reason: String| FelixError::StatusClient {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut s = match std::os::unix::net::UnixStream::connect(path) {
+        Ok(s) => s,
+        Err(e) => {
+            let reason = match e.kind() {
+                std::io::ErrorKind::NotFound => "socket not found".to_string(),
+                std::io::ErrorKind::ConnectionRefused => {
+                    "nothing is listening (a stale socket?)".to_string()
+                }
+                std::io::ErrorKind::PermissionDenied => {
+                    "permission denied (the socket is readable by its owner only: run as root)"
+                        .to_string()
+                }
+                _ => e.to_string(),
+            };
+            return Err(err(reason));
+        }
+    };
+    s.set_read_timeout(Some(timeout))
+        .and_then(|()| s.set_write_timeout(Some(timeout)))
+        .map_err(|e| err(e.to_string()))?;
+    s.write_all(format!("{what}\n").as_bytes())
+        .map_err(|e| err(e.to_string()))?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .map_err(|e| err(format!("reading the answer: {e}")))?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn doc() -> StatusDoc {
+        StatusDoc {
+            hostname: "node1".into(),
+            version: "0.1.0".into(),
+            pid: 42,
+            uptime_seconds: 75.0,
+            live: true,
+            ready: false,
+            health: vec![ComponentHealth {
+                name: "CalculationGraph".into(),
+                timeout: "30s".into(),
+                liveness: "reporting live".into(),
+                readiness: "reporting non-ready".into(),
+                detail: String::new(),
+            }],
+            sync_status: "in-sync".into(),
+            in_sync: true,
+            datastore: "local datastore at /tmp/x.db".into(),
+            dataplane: DataplaneView {
+                driver: "recording".into(),
+                in_sync: true,
+                messages_applied: 12,
+            },
+            counts: BTreeMap::from([
+                ("local_endpoints".to_string(), 1),
+                ("policies".to_string(), 2),
+            ]),
+            bootstrap: BootstrapView {
+                phases: vec![PhaseTiming {
+                    phase: "config_load".into(),
+                    seconds: 0.0021,
+                    at_seconds: 0.0021,
+                }],
+                ready_after_seconds: None,
+            },
+            endpoints: vec![EndpointView {
+                kind: "workload".into(),
+                id: "k8s/ns1/pod1/eth0".into(),
+                name: "node1-k8s-pod1-eth0".into(),
+                namespace: "ns1".into(),
+                interface: "calipod1".into(),
+                addresses: vec!["10.65.0.2/32".into()],
+                profiles: vec!["kns.ns1".into()],
+                tiers: vec![
+                    TierView {
+                        name: "security".into(),
+                        stage: "normal".into(),
+                        default_action: "Pass".into(),
+                        ingress: vec!["quarantine".into()],
+                        egress: vec![],
+                    },
+                    TierView {
+                        name: "default".into(),
+                        stage: "normal".into(),
+                        default_action: "Deny".into(),
+                        ingress: vec!["allow-web".into(), "ns1/allow-dns".into()],
+                        egress: vec!["allow-dns".into()],
+                    },
+                ],
+            }],
+            ip_sets: vec![IpSetView {
+                id: "s:abc".into(),
+                kind: "Net".into(),
+                members: 3,
+                users: 1,
+                source: "selector role == 'db'".into(),
+            }],
+            problems: vec![ProblemView {
+                resource: "NetworkPolicy ns1/bad".into(),
+                stage: "validation".into(),
+                reason: "spec.selector: bad".into(),
+            }],
+            config: None,
+        }
+    }
+
+    #[test]
+    fn renders_every_section_aligned() {
+        let text = render(&doc());
+        assert!(
+            text.starts_with("Felix on node1 (margay 0.1.0, pid 42): live, NOT READY; up 1m15s\n"),
+            "{text}"
+        );
+        assert!(text.contains("Start-up (not ready yet):"));
+        assert!(text.contains("config_load  2.1ms"), "{text}");
+        // The endpoint's tiers are one row each, in order, with the endpoint on the first.
+        let lines: Vec<&str> = text.lines().collect();
+        let i = lines
+            .iter()
+            .position(|l| l.contains("k8s/ns1/pod1/eth0"))
+            .unwrap();
+        assert!(lines[i].contains("security (pass)") && lines[i].contains("quarantine"));
+        assert!(
+            lines[i + 1].trim_start().starts_with("default (deny)"),
+            "{}",
+            lines[i + 1]
+        );
+        assert!(lines[i + 1].contains("allow-web, ns1/allow-dns"));
+        // Columns line up with the header.
+        let header = lines[i - 1];
+        let col = header.find("TIER (DEFAULT)").unwrap();
+        assert_eq!(lines[i].find("security").unwrap(), col);
+        assert_eq!(lines[i + 1].find("default").unwrap(), col);
+        assert!(text.contains("s:abc"));
+        assert!(
+            text.contains("NetworkPolicy ns1/bad  validation  spec.selector: bad"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn round_trips_as_json() {
+        let d = doc();
+        let text = serde_json::to_string(&d).unwrap();
+        let back: StatusDoc = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, d);
+    }
+
+    #[test]
+    fn requests_by_line_or_http() {
+        assert_eq!(parse_request("status\n"), ("status".into(), false));
+        assert_eq!(
+            parse_request("GET /endpoints HTTP/1.1"),
+            ("endpoints".into(), true)
+        );
+    }
+
+    #[test]
+    fn socket_replaces_stale_and_refuses_live() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/felix.sock");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let s = StatusSocket::bind(&path).unwrap();
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+            let e = StatusSocket::bind(&path).err().unwrap().to_string();
+            assert!(e.contains("another felix"), "{e}");
+            // Leave a stale socket file behind (as after kill -9).
+            let stale =
+                std::os::unix::net::UnixListener::bind(dir.path().join("stale.sock")).unwrap();
+            drop(stale);
+            drop(s);
+            assert!(!path.exists());
+            let stale_path = dir.path().join("stale.sock");
+            assert!(stale_path.exists());
+            let again = StatusSocket::bind(&stale_path).unwrap();
+            drop(again);
+        });
+        let e = request(&path, "status", Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("socket not found") && e.contains(path.to_str().unwrap()),
+            "{e}"
+        );
+    }
+}

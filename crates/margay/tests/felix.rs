@@ -1,0 +1,542 @@
+//! `margay felix`, run as the real binary against the embedded store (and etcd): start-up to
+//! ready, the status API, metrics, the validation filter, restart on a configuration change,
+//! SIGTERM.
+#![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const HOST: &str = "node1";
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_margay")
+}
+
+/// Where the datastore is, as environment variables.
+#[derive(Clone)]
+enum Store {
+    Local(PathBuf),
+    Etcd(String),
+}
+
+impl Store {
+    fn env(&self) -> Vec<(&'static str, String)> {
+        match self {
+            Store::Local(p) => vec![
+                ("DATASTORE_TYPE", "local".into()),
+                ("DATASTORE_PATH", p.display().to_string()),
+            ],
+            Store::Etcd(e) => vec![
+                ("DATASTORE_TYPE", "etcdv3".into()),
+                ("ETCD_ENDPOINTS", e.clone()),
+            ],
+        }
+    }
+}
+
+fn margay(store: &Store) -> Command {
+    let mut c = Command::new(bin());
+    c.env_clear();
+    for (k, v) in store.env() {
+        c.env(k, v);
+    }
+    c
+}
+
+fn run_ok(mut c: Command) -> String {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{c:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn apply(store: &Store, dir: &Path, name: &str, yaml: &str) {
+    let file = dir.join(name);
+    std::fs::write(&file, yaml).unwrap();
+    let mut c = margay(store);
+    c.args(["ctl", "apply", "-f"]).arg(&file);
+    run_ok(c);
+}
+
+/// Registers node1 as `margay node startup` does (ClusterInformation ready, default
+/// FelixConfigurations, tiers), then the workloads and policy.
+fn seed(store: &Store, dir: &Path) {
+    let mut c = margay(store);
+    c.args(["node", "startup", "--root"])
+        .arg(dir.join("root"))
+        .env("NODENAME", HOST)
+        .env("IP", "10.0.0.1/24")
+        .env("NO_DEFAULT_POOLS", "true");
+    run_ok(c);
+    apply(store, dir, "seed.yaml", SEED);
+}
+
+const SEED: &str = "apiVersion: projectcalico.org/v3
+kind: Node
+metadata: {name: node2}
+spec: {bgp: {ipv4Address: 10.0.0.2/24}}
+---
+apiVersion: projectcalico.org/v3
+kind: IPPool
+metadata: {name: default-pool}
+spec: {cidr: 10.65.0.0/16, vxlanMode: Always, natOutgoing: true, blockSize: 26}
+---
+apiVersion: projectcalico.org/v3
+kind: Profile
+metadata: {name: kns.ns1}
+spec:
+  labelsToApply: {pcns.name: ns1}
+  ingress: [{action: Allow}]
+  egress: [{action: Allow}]
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: allow-web}
+spec:
+  order: 100
+  selector: app == 'web'
+  ingress:
+  - action: Allow
+    protocol: TCP
+    source: {selector: app == 'client'}
+    destination: {ports: [80]}
+---
+apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata: {name: node1-k8s-web1-eth0, namespace: ns1, labels: {app: web}}
+spec: {orchestrator: k8s, node: node1, pod: web1, endpoint: eth0, interfaceName: caliweb1, ipNetworks: [10.65.0.2/32], profiles: [kns.ns1]}
+---
+apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata: {name: node1-k8s-web2-eth0, namespace: ns1, labels: {app: web}}
+spec: {orchestrator: k8s, node: node1, pod: web2, endpoint: eth0, interfaceName: caliweb2, ipNetworks: [10.65.0.3/32], profiles: [kns.ns1]}
+---
+apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata: {name: node2-k8s-client1-eth0, namespace: ns1, labels: {app: client}}
+spec: {orchestrator: k8s, node: node2, pod: client1, endpoint: eth0, interfaceName: caliclient1, ipNetworks: [10.65.1.2/32], profiles: [kns.ns1]}
+";
+
+/// A running `margay felix`, killed when dropped (also when a test fails).
+struct Felix {
+    child: Option<Child>,
+    log: PathBuf,
+    socket: PathBuf,
+    health_port: u16,
+    metrics_port: u16,
+    store: Store,
+}
+
+impl Drop for Felix {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Felix {
+    fn start(store: &Store, dir: &Path, extra_env: &[(&str, &str)]) -> Felix {
+        let health_port = margay_testkit::free_port().unwrap();
+        let metrics_port = margay_testkit::free_port().unwrap();
+        let socket = dir.join("run/felix.sock");
+        let log = dir.join(format!("felix-{health_port}.log"));
+        let cfg = dir.join("felix.cfg");
+        std::fs::write(&cfg, "[global]\nLogSeverityScreen = Info\n").unwrap();
+        let mut c = margay(store);
+        c.args(["felix", "run", "-c"])
+            .arg(&cfg)
+            .arg("--status-socket")
+            .arg(&socket)
+            .env("FELIX_FELIXHOSTNAME", HOST)
+            .env("FELIX_HEALTHENABLED", "true")
+            .env("FELIX_HEALTHHOST", "127.0.0.1")
+            .env("FELIX_HEALTHPORT", health_port.to_string())
+            .env("FELIX_PROMETHEUSMETRICSENABLED", "true")
+            .env("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1")
+            .env("FELIX_PROMETHEUSMETRICSPORT", metrics_port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        for (k, v) in extra_env {
+            c.env(k, v);
+        }
+        let child = c.spawn().unwrap();
+        Felix {
+            child: Some(child),
+            log,
+            socket,
+            health_port,
+            metrics_port,
+            store: store.clone(),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Waits (bounded) for the process to exit.
+    fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "felix did not exit within {within:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_ready(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some((200, _)) = http_get(self.health_port, "/readiness") {
+                return;
+            }
+            if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "felix exited ({s}) before becoming ready; log:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "felix not ready within {within:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn status(&self, args: &[&str]) -> String {
+        let mut c = margay(&self.store);
+        c.args(["felix", "status", "--status-socket"])
+            .arg(&self.socket)
+            .args(args);
+        run_ok(c)
+    }
+
+    fn status_json(&self) -> Value {
+        serde_json::from_str(&self.status(&["--json"])).unwrap()
+    }
+
+    fn terminate(&self) {
+        let s = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(s.success());
+    }
+}
+
+/// One GET on 127.0.0.1; None when nothing answers.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+/// Stores a GlobalNetworkPolicy that decodes but fails validation (a broken selector), as
+/// an older or foreign writer could; the typed client would refuse to write it.
+fn store_invalid_policy(db: &Path) {
+    use margay_datastore::KvBackend;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cfg = margay_datastore::DatastoreConfig {
+            datastore_type: margay_datastore::DatastoreType::Local,
+            local_path: db.to_path_buf(),
+            ..Default::default()
+        };
+        let b = cfg.connect_existing().await.unwrap();
+        let value = br#"{"apiVersion":"projectcalico.org/v3","kind":"GlobalNetworkPolicy","metadata":{"name":"broken"},"spec":{"selector":"app == ","ingress":[{"action":"Allow"}]}}"#;
+        b.create(
+            "/calico/resources/v3/projectcalico.org/globalnetworkpolicies/broken",
+            value.to_vec(),
+            None,
+        )
+        .await
+        .unwrap();
+    });
+}
+
+#[test]
+fn felix_runs_against_the_embedded_store_and_restarts_on_config_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("datastore.db");
+    let store = Store::Local(db.clone());
+    seed(&store, dir.path());
+    store_invalid_policy(&db);
+
+    let mut felix = Felix::start(&store, dir.path(), &[]);
+    felix.wait_ready(Duration::from_secs(20));
+
+    // Health, Calico's way: 200 with the detail table.
+    let (code, body) = http_get(felix.health_port, "/liveness").unwrap();
+    assert_eq!(code, 200);
+    for reporter in [
+        "FelixStartup",
+        "CalculationGraph",
+        "InternalDataplaneMainLoop",
+    ] {
+        assert!(body.contains(reporter), "{body}");
+    }
+    let socket_mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&felix.socket).unwrap().permissions(),
+    );
+    assert_eq!(socket_mode & 0o777, 0o600);
+
+    // The status API: the local endpoints with the policy, in order.
+    let st = felix.status_json();
+    assert_eq!(st["hostname"], HOST);
+    assert_eq!(st["ready"], true);
+    assert_eq!(st["in_sync"], true);
+    assert_eq!(st["sync_status"], "in-sync");
+    assert_eq!(st["dataplane"]["driver"], "recording");
+    let eps = st["endpoints"].as_array().unwrap();
+    let ids: Vec<&str> = eps.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["k8s/ns1/web1/eth0", "k8s/ns1/web2/eth0"]);
+    for e in eps {
+        assert_eq!(e["profiles"], serde_json::json!(["kns.ns1"]));
+        let tier = &e["tiers"][0];
+        assert_eq!(tier["name"], "default");
+        assert_eq!(tier["ingress"], serde_json::json!(["allow-web"]));
+    }
+    assert_eq!(st["counts"]["local_endpoints"], 2);
+    assert_eq!(st["counts"]["workload_endpoints"], 3);
+    // The client selector became an IP set holding the remote client.
+    let sets = st["ip_sets"].as_array().unwrap();
+    assert_eq!(sets.len(), 1, "{sets:?}");
+    assert_eq!(sets[0]["members"], 1);
+    // The invalid policy was treated as deleted and reported.
+    let problems = st["problems"].as_array().unwrap();
+    assert!(
+        problems
+            .iter()
+            .any(|p| p["resource"].as_str().unwrap().contains("broken")
+                && p["stage"] == "validation"),
+        "{problems:?}"
+    );
+    let phases: Vec<&str> = st["bootstrap"]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            "config_load",
+            "datastore_connect",
+            "datastore_config",
+            "dataplane_start",
+            "first_in_sync",
+            "first_apply",
+            "ready"
+        ]
+    );
+    assert!(st["bootstrap"]["ready_after_seconds"].as_f64().unwrap() > 0.0);
+    let text = felix.status(&[]);
+    assert!(text.contains("live, ready"), "{text}");
+    assert!(text.contains("allow-web"), "{text}");
+    let config = felix.status(&["config"]);
+    assert!(config.contains("\"LogSeverityScreen\""), "{config}");
+    assert!(
+        felix
+            .log()
+            .contains("Resource failed validation; treating it as deleted"),
+        "{}",
+        felix.log()
+    );
+
+    // Metrics with Felix's names and plausible values.
+    let (code, m) = http_get(felix.metrics_port, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(metric(&m, "felix_active_local_endpoints"), 2.0);
+    assert_eq!(metric(&m, "felix_active_local_policies"), 1.0);
+    assert_eq!(metric(&m, "felix_active_local_selectors"), 1.0);
+    assert_eq!(metric(&m, "felix_ipsets_calico{ip_version=\"4\"}"), 1.0);
+    assert_eq!(metric(&m, "felix_cluster_num_hosts"), 2.0);
+    assert_eq!(metric(&m, "felix_cluster_num_workload_endpoints"), 3.0);
+    assert_eq!(metric(&m, "felix_cluster_num_policies"), 1.0);
+    assert_eq!(metric(&m, "felix_resync_state"), 3.0);
+    assert_eq!(metric(&m, "felix_resyncs_started"), 1.0);
+    assert_eq!(
+        metric(&m, "felix_invalid_resources{kind=\"GlobalNetworkPolicy\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "felix_calc_graph_updates_processed{type=\"WorkloadEndpoint\"}"
+        ),
+        3.0
+    );
+    assert!(metric(&m, "felix_calc_graph_output_events") >= 5.0);
+    assert!(metric(&m, "felix_calc_graph_update_time_seconds_count") >= 10.0);
+    assert!(metric(&m, "felix_int_dataplane_apply_time_seconds_count") >= 1.0);
+    assert!(metric(&m, "felix_bootstrap_phase_seconds{phase=\"first_in_sync\"}") > 0.0);
+
+    // `margay felix config` computes the same configuration, with sources.
+    let mut c = margay(&store);
+    c.args(["felix", "config", "-c"])
+        .arg(dir.path().join("felix.cfg"))
+        .env("FELIX_FELIXHOSTNAME", HOST)
+        .env("FELIX_HEALTHENABLED", "true")
+        .env("FELIX_MYSTERY", "1");
+    let cfg = run_ok(c);
+    assert!(
+        cfg.contains("LogSeverityScreen") && cfg.contains("config file"),
+        "{cfg}"
+    );
+    assert!(
+        cfg.contains("HealthEnabled") && cfg.contains("FELIX_HEALTHENABLED"),
+        "{cfg}"
+    );
+    assert!(cfg.contains("DefaultEndpointToHostAction"), "{cfg}"); // from node.node1
+    assert!(
+        cfg.contains("unknown configuration parameter \"mystery\""),
+        "{cfg}"
+    );
+
+    // A change that cannot be applied live: exit 129, naming the parameter.
+    apply(
+        &store,
+        dir.path(),
+        "change.yaml",
+        "apiVersion: projectcalico.org/v3
+kind: FelixConfiguration
+metadata: {name: default}
+spec: {logSeverityScreen: Info, reportingInterval: 0s, routeRefreshInterval: 77s}
+",
+    );
+    let status = felix.wait_exit(Duration::from_secs(20));
+    let log = felix.log();
+    assert_eq!(status.code(), Some(129), "log:\n{log}");
+    assert!(
+        log.contains("RouteRefreshInterval changed from \"1m30s\" to \"1m17s\""),
+        "{log}"
+    );
+    assert!(
+        !felix.socket.exists(),
+        "the status socket is removed on exit"
+    );
+}
+
+#[test]
+fn felix_stops_on_sigterm_and_waits_for_a_ready_datastore() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::Local(dir.path().join("datastore.db"));
+    // An empty store: no ClusterInformation yet, so Felix waits (live) for it.
+    let mut felix = Felix::start(&store, dir.path(), &[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !felix
+        .log()
+        .contains("Waiting for datastore to be initialized")
+    {
+        assert!(Instant::now() < deadline, "log:\n{}", felix.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, _) = http_get(felix.health_port, "/liveness").unwrap();
+    assert_eq!(code, 200);
+    // While it waits Felix reports ready, as Calico does (a datastore being migrated must not
+    // make every node unready).
+    let (code, _) = http_get(felix.health_port, "/readiness").unwrap();
+    assert_eq!(code, 200);
+    // calico-node start-up marks the datastore ready; Felix then starts.
+    seed(&store, dir.path());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !felix.log().contains("Felix is ready") {
+        assert!(Instant::now() < deadline, "log:\n{}", felix.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    felix.wait_ready(Duration::from_secs(20));
+    assert_eq!(
+        felix.status_json()["endpoints"].as_array().unwrap().len(),
+        2
+    );
+
+    felix.terminate();
+    let status = felix.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "log:\n{}", felix.log());
+    assert!(felix.log().contains("received SIGTERM"));
+    assert!(
+        !felix.socket.exists(),
+        "the status socket is removed on exit"
+    );
+
+    // Without a running Felix, status says what is wrong and how to fix it.
+    let out = margay(&store)
+        .args(["felix", "status", "--status-socket"])
+        .arg(&felix.socket)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("socket not found") && err.contains("is felix running?"),
+        "{err}"
+    );
+}
+
+#[test]
+fn felix_refuses_typha_until_the_typha_client_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::Local(dir.path().join("datastore.db"));
+    let mut felix = Felix::start(&store, dir.path(), &[("FELIX_TYPHAADDR", "10.0.0.9:5473")]);
+    let status = felix.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(1));
+    let log = felix.log();
+    assert!(
+        log.contains("TyphaAddr") && log.contains("unset FELIX_TYPHAADDR"),
+        "{log}"
+    );
+}
+
+#[test]
+fn felix_syncs_from_etcd() {
+    let etcd = margay_testkit::etcd::EtcdServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::Etcd(etcd.endpoint());
+    seed(&store, dir.path());
+    let mut felix = Felix::start(&store, dir.path(), &[]);
+    felix.wait_ready(Duration::from_secs(30));
+    let st = felix.status_json();
+    assert_eq!(st["endpoints"].as_array().unwrap().len(), 2);
+    assert!(st["datastore"].as_str().unwrap().contains("etcd"), "{st}");
+    felix.terminate();
+    assert_eq!(felix.wait_exit(Duration::from_secs(10)).code(), Some(0));
+}
