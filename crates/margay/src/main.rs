@@ -2,7 +2,7 @@
 //! invoked as, e.g. a `calicoctl` symlink). No logic of its own lives here.
 #![forbid(unsafe_code)]
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -119,6 +119,8 @@ fn init_logging(level: &str) -> margay_felix::LogLevelSetter {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(io::stderr)
+        // Colours only for people: logs going to a file or a journal stay plain text.
+        .with_ansi(io::stderr().is_terminal())
         .with_target(false)
         .with_filter_reloading();
     let handle = builder.reload_handle();

@@ -540,3 +540,27 @@ fn felix_syncs_from_etcd() {
     felix.terminate();
     assert_eq!(felix.wait_exit(Duration::from_secs(10)).code(), Some(0));
 }
+
+#[test]
+fn felix_restarts_when_the_pools_change_the_encapsulation() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::Local(dir.path().join("datastore.db"));
+    seed(&store, dir.path());
+    let mut felix = Felix::start(&store, dir.path(), &[]);
+    felix.wait_ready(Duration::from_secs(20));
+    assert!(felix.log().contains("vxlan=true"), "{}", felix.log());
+    apply(
+        &store,
+        dir.path(),
+        "pool.yaml",
+        "apiVersion: projectcalico.org/v3
+kind: IPPool
+metadata: {name: default-pool}
+spec: {cidr: 10.65.0.0/16, ipipMode: Always, vxlanMode: Never, natOutgoing: true, blockSize: 26}
+",
+    );
+    let status = felix.wait_exit(Duration::from_secs(20));
+    let log = felix.log();
+    assert_eq!(status.code(), Some(129), "log:\n{log}");
+    assert!(log.contains("encapsulation changed"), "{log}");
+}
