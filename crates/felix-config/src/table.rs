@@ -697,7 +697,7 @@ params! {
         "Address of the debug (profiling) server.";
     DebugPort debug_port: u16 = "int(0:65535)", "", [], Debug, "debugPort", false,
         "Port of the debug (profiling) server (0: off).";
-    RouteSource route_source: String = "oneof(WorkloadIPs,CalicoIPAM)", "CalicoIPAM", [], Common, "routeSource", false,
+    RouteSource route_source: String = "oneof(WorkloadIPs,CalicoIPAM)", "CalicoIPAM", [], Common, "routeSource", true,
         "Where routes to workloads come from: CalicoIPAM blocks or WorkloadIPs.";
     RouteTableRange route_table_range: Option<RouteTableRange> = "route-table-range", "", [DieOnFail], Common, "routeTableRange", true,
         "Deprecated single range of routing table indices (see RouteTableRanges).";

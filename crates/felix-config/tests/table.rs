@@ -242,6 +242,7 @@ fn supported_parameters() {
         "RouteTableRanges",
         "NATPortRange",
         "Ipv6Support",
+        "RouteSource",
     ] {
         assert!(supported.contains(name), "{name} should be supported");
     }

@@ -187,6 +187,8 @@ pub struct Daemon {
 enum CalcInput {
     Updates(Vec<(ResourceKey, Option<Resource>)>),
     Status(SyncStatus),
+    /// IPAM blocks (for routes), from their own watch.
+    Block(crate::blocks::BlockEvent),
     Query(oneshot::Sender<GraphSnapshot>),
 }
 
@@ -343,6 +345,7 @@ struct Started {
     _health_server: HealthServer,
     servers: Vec<tokio::task::JoinHandle<()>>,
     syncer: tokio::task::JoinHandle<()>,
+    blocks: tokio::task::JoinHandle<()>,
     stop_servers: watch::Sender<bool>,
 }
 
@@ -421,6 +424,7 @@ impl Daemon {
         // Stop the syncer and the servers (the status socket is removed as its server ends);
         // the pipeline threads run down as their channels close.
         started.syncer.abort();
+        started.blocks.abort();
         let _ = started.stop_servers.send(true);
         lock(&started.shared.calc_tx).take();
         for s in started.servers.drain(..) {
@@ -750,7 +754,11 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
         let shared = shared.clone();
         let graph = CalcGraph::new(CalcConfig {
             hostname: hostname.clone(),
-            route_source: margay_calc::RouteSource::CalicoIpam,
+            route_source: if config.route_source.eq_ignore_ascii_case("WorkloadIPs") {
+                margay_calc::RouteSource::WorkloadIps
+            } else {
+                margay_calc::RouteSource::CalicoIpam
+            },
         });
         std::thread::Builder::new()
             .name("felix-calc".into())
@@ -760,10 +768,25 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
 
     // The syncer and the validation filter.
     let (sync_tx, sync_rx) = mpsc::channel::<SyncerEvent>(16);
-    let syncer = WatcherSyncer::new(backend, SyncerOptions::new(FELIX_KINDS.to_vec()));
+    let syncer = WatcherSyncer::new(backend.clone(), SyncerOptions::new(FELIX_KINDS.to_vec()));
     let syncer_stats = syncer.stats();
     tracing::info!("Starting the datastore Syncer");
     let syncer_task = tokio::spawn(syncer.run(sync_tx));
+    // IPAM blocks, for routes to remote blocks.
+    let blocks_task = {
+        let backend = backend.clone();
+        let calc_tx = calc_tx.clone();
+        tokio::spawn(async move {
+            let (block_tx, mut block_rx) = mpsc::channel(64);
+            let watcher = tokio::spawn(crate::blocks::run(backend, block_tx));
+            while let Some(ev) = block_rx.recv().await {
+                if calc_tx.send(CalcInput::Block(ev)).is_err() {
+                    break;
+                }
+            }
+            watcher.abort();
+        })
+    };
     {
         let shared = shared.clone();
         let watch = ConfigWatch {
@@ -851,6 +874,7 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
         _health_server: health_server,
         servers,
         syncer: syncer_task,
+        blocks: blocks_task,
         stop_servers,
     })
 }
@@ -1031,6 +1055,9 @@ fn calc_loop(
     let mut last_counts: Option<Instant> = None;
     let mut latest_encap: Option<Encap> = None;
     let mut encap_reported = false;
+    // In sync means the resources and the IPAM blocks have both been listed: routes computed
+    // before the blocks are known would be wrong (per-workload instead of per-block).
+    let mut blocks_in_sync = false;
     shared.health.report(CALCULATION_GRAPH, true, false);
     loop {
         let now = Instant::now();
@@ -1063,7 +1090,7 @@ fn calc_loop(
                     m.resyncs_started.inc();
                 }
                 sync = s;
-                if s == SyncStatus::InSync && !graph.in_sync() {
+                if s == SyncStatus::InSync && blocks_in_sync && !graph.in_sync() {
                     tracing::info!("First time we've been in sync");
                     graph.on_in_sync();
                     dirty = true;
@@ -1073,6 +1100,20 @@ fn calc_loop(
                     .health
                     .report(CALCULATION_GRAPH, true, sync == SyncStatus::InSync);
                 last_health = Instant::now();
+            }
+            Ok(CalcInput::Block(ev)) => {
+                match ev {
+                    crate::blocks::BlockEvent::Block(cidr, host) => graph.on_ipam_block(cidr, host),
+                    crate::blocks::BlockEvent::InSync => {
+                        blocks_in_sync = true;
+                        if sync == SyncStatus::InSync && !graph.in_sync() {
+                            tracing::info!("First time we've been in sync");
+                            graph.on_in_sync();
+                            flush_now = true;
+                        }
+                    }
+                }
+                dirty = true;
             }
             Ok(CalcInput::Query(reply)) => {
                 let _ = reply.send(GraphSnapshot {

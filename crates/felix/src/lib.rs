@@ -8,6 +8,7 @@
 //! ARCHITECTURE.md for the threads and the invariants.
 #![forbid(unsafe_code)]
 
+pub mod blocks;
 pub mod bootstrap;
 pub mod cli;
 pub mod daemon;
