@@ -11,6 +11,9 @@
 //! as a pure control plane.
 #![forbid(unsafe_code)]
 
+pub mod nft;
+pub mod nft_driver;
+
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use margay_calc::{ContractError, DataplaneModel, Message, WorkloadEndpointId};

@@ -93,6 +93,23 @@ impl Netns {
         Ok(())
     }
 
+    /// Creates a veth pair with `name` here and `peer_name` inside `peer` (another test
+    /// namespace), both down; the caller configures and raises them.
+    pub fn link_to(&self, name: &str, peer: &Netns, peer_name: &str) -> io::Result<()> {
+        self.ip(&[
+            "link", "add", name, "type", "veth", "peer", "name", peer_name, "netns", &peer.name,
+        ])
+        .map(drop)
+    }
+
+    /// Sets a sysctl inside the namespace (`net.*` sysctls are per namespace).
+    pub fn sysctl(&self, key: &str, value: &str) -> io::Result<()> {
+        run(self
+            .exec("sysctl")
+            .args(["-q", "-w", &format!("{key}={value}")]))
+        .map(drop)
+    }
+
     pub fn set_up(&self, dev: &str) -> io::Result<()> {
         self.ip(&["link", "set", dev, "up"]).map(drop)
     }

@@ -1,0 +1,307 @@
+//! What the kernel has versus what is wanted, and the one nft transaction that gets from one
+//! to the other (pure).
+//!
+//! The kernel's state is known either from the last successful transaction or by reading the
+//! table back (`nft -j list table`, see `observe`). Chains are compared by the hashes in their
+//! rules' comments (the kernel re-renders rule text, so text cannot be compared), sets and maps
+//! by their elements. Only what differs is written; the transaction is atomic.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use crate::nft::observe::base_key;
+use crate::nft::render::{NftState, rule_line};
+
+/// What a table holds, as far as comparison needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fingerprint {
+    pub table_exists: bool,
+    /// Set → (declaration if known, elements).
+    pub sets: BTreeMap<String, (Option<String>, BTreeSet<String>)>,
+    /// Map → elements (key → verdict).
+    pub maps: BTreeMap<String, BTreeMap<String, String>>,
+    /// Chain → (base declaration if a base chain, rule hashes in order).
+    pub chains: BTreeMap<String, (Option<String>, Vec<String>)>,
+}
+
+impl Fingerprint {
+    pub fn of(state: &NftState) -> Fingerprint {
+        Fingerprint {
+            table_exists: true,
+            sets: state
+                .sets
+                .iter()
+                .map(|(k, s)| (k.clone(), (Some(s.decl.clone()), s.elements.clone())))
+                .collect(),
+            maps: state
+                .maps
+                .iter()
+                .map(|(k, m)| (k.clone(), m.elements.clone()))
+                .collect(),
+            chains: state
+                .chains
+                .iter()
+                .map(|(k, c)| {
+                    (
+                        k.clone(),
+                        (
+                            c.base.as_deref().map(base_key),
+                            c.rules.iter().map(|r| r.hash.clone()).collect(),
+                        ),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Counts of what a transaction changes (for logs and metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TxStats {
+    pub chains_written: usize,
+    pub chains_deleted: usize,
+    pub rules_written: usize,
+    pub elements_added: usize,
+    pub elements_removed: usize,
+    pub sets_created: usize,
+    pub sets_deleted: usize,
+}
+
+impl TxStats {
+    pub fn is_empty(&self) -> bool {
+        *self == TxStats::default()
+    }
+}
+
+/// Most elements per `add element` line.
+const ELEMENTS_PER_LINE: usize = 2000;
+
+fn element_lines(out: &mut String, verb: &str, table: &str, set: &str, elems: &[&String]) {
+    for chunk in elems.chunks(ELEMENTS_PER_LINE) {
+        let list: Vec<&str> = chunk.iter().map(|s| s.as_str()).collect();
+        let _ = writeln!(
+            out,
+            "{verb} element inet {table} {set} {{ {} }}",
+            list.join(", ")
+        );
+    }
+}
+
+/// The nft script that turns `from` into `to` (empty when nothing differs).
+pub fn transaction(table: &str, from: &Fingerprint, to: &NftState) -> (String, TxStats) {
+    // A set whose type changed cannot be fixed in place while rules use it (set names encode
+    // their type, so only tampering gets here): replace the whole table, still atomically.
+    let retyped = to.sets.iter().any(
+        |(name, set)| matches!(from.sets.get(name), Some((Some(decl), _)) if *decl != set.decl),
+    );
+    if retyped {
+        let (rest, stats) = transaction(table, &Fingerprint::default(), to);
+        return (format!("delete table inet {table}\n{rest}"), stats);
+    }
+    let mut out = String::new();
+    let mut stats = TxStats::default();
+    let mut body = String::new();
+
+    // 1. Sets and maps that are new.
+    for (name, set) in &to.sets {
+        if !from.sets.contains_key(name) {
+            let _ = writeln!(body, "add set inet {table} {name} {{ {} }}", set.decl);
+            stats.sets_created += 1;
+        }
+    }
+    for (name, map) in &to.maps {
+        if !from.maps.contains_key(name) {
+            let _ = writeln!(body, "add map inet {table} {name} {{ {} }}", map.decl);
+            stats.sets_created += 1;
+        }
+    }
+    // 2. Set elements: removals, then additions.
+    for (name, set) in &to.sets {
+        let empty = BTreeSet::new();
+        let have = from.sets.get(name).map_or(&empty, |(_, e)| e);
+        let removed: Vec<&String> = have.difference(&set.elements).collect();
+        let added: Vec<&String> = set.elements.difference(have).collect();
+        stats.elements_removed += removed.len();
+        stats.elements_added += added.len();
+        element_lines(&mut body, "delete", table, name, &removed);
+        element_lines(&mut body, "add", table, name, &added);
+    }
+    // 3. New chains (all of them first, so rules may jump to any).
+    for (name, chain) in &to.chains {
+        if !from.chains.contains_key(name) {
+            match &chain.base {
+                Some(base) => {
+                    let _ = writeln!(body, "add chain inet {table} {name} {{ {base} }}");
+                }
+                None => {
+                    let _ = writeln!(body, "add chain inet {table} {name}");
+                }
+            }
+        } else if let (Some(base), Some((old_base, _))) = (&chain.base, from.chains.get(name))
+            && old_base.as_deref() != Some(base_key(base).as_str())
+        {
+            // A base chain's hook or policy drifted: re-declare it (updates in place).
+            let _ = writeln!(body, "add chain inet {table} {name} {{ {base} }}");
+        }
+    }
+    // 4. Chains whose rules differ: rewrite them whole.
+    for (name, chain) in &to.chains {
+        let hashes: Vec<&String> = chain.rules.iter().map(|r| &r.hash).collect();
+        let same = from
+            .chains
+            .get(name)
+            .is_some_and(|(_, old)| old.iter().eq(hashes.iter().copied()));
+        if same {
+            continue;
+        }
+        if from.chains.contains_key(name) {
+            let _ = writeln!(body, "flush chain inet {table} {name}");
+        }
+        for r in &chain.rules {
+            body.push_str(&rule_line(table, name, r));
+            body.push('\n');
+        }
+        stats.chains_written += 1;
+        stats.rules_written += chain.rules.len();
+    }
+    // 5. Map elements: removals (and changed verdicts), then additions.
+    for (name, map) in &to.maps {
+        let empty = BTreeMap::new();
+        let have = from.maps.get(name).unwrap_or(&empty);
+        let removed: Vec<&String> = have
+            .iter()
+            .filter(|(k, v)| map.elements.get(*k) != Some(*v))
+            .map(|(k, _)| k)
+            .collect();
+        let added: Vec<String> = map
+            .elements
+            .iter()
+            .filter(|(k, v)| have.get(*k) != Some(*v))
+            .map(|(k, v)| format!("{k} : {v}"))
+            .collect();
+        stats.elements_removed += removed.len();
+        stats.elements_added += added.len();
+        element_lines(&mut body, "delete", table, name, &removed);
+        let added_refs: Vec<&String> = added.iter().collect();
+        element_lines(&mut body, "add", table, name, &added_refs);
+    }
+    // 6. Chains nobody wants: flush all first (dropping their jumps), then delete.
+    let doomed: Vec<&String> = from
+        .chains
+        .keys()
+        .filter(|k| !to.chains.contains_key(*k))
+        .collect();
+    for name in &doomed {
+        let _ = writeln!(body, "flush chain inet {table} {name}");
+    }
+    for name in &doomed {
+        let _ = writeln!(body, "delete chain inet {table} {name}");
+        stats.chains_deleted += 1;
+    }
+    // 7. Sets and maps nobody wants (rules using them are gone by now).
+    for name in from.sets.keys() {
+        if !to.sets.contains_key(name) {
+            let _ = writeln!(body, "delete set inet {table} {name}");
+            stats.sets_deleted += 1;
+        }
+    }
+    for name in from.maps.keys() {
+        if !to.maps.contains_key(name) {
+            let _ = writeln!(body, "delete map inet {table} {name}");
+            stats.sets_deleted += 1;
+        }
+    }
+    if body.is_empty() && from.table_exists {
+        return (String::new(), stats);
+    }
+    let _ = writeln!(out, "add table inet {table}");
+    out.push_str(&body);
+    (out, stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nft::render::{ChainSpec, MapSpec, NftRule, SetSpec};
+
+    fn state(rules: &[&str], elems: &[&str]) -> NftState {
+        let mut st = NftState::default();
+        st.sets.insert(
+            "s4-a".into(),
+            SetSpec {
+                decl: "type ipv4_addr; flags interval;".into(),
+                elements: elems.iter().map(|e| e.to_string()).collect(),
+            },
+        );
+        st.maps.insert(
+            "wl-ingress".into(),
+            MapSpec {
+                decl: "type ifname : verdict;".into(),
+                elements: BTreeMap::from([("\"cali1\"".into(), "jump tw-cali1".into())]),
+            },
+        );
+        st.chains.insert(
+            "tw-cali1".into(),
+            ChainSpec {
+                base: None,
+                rules: rules.iter().map(|r| NftRule::new(r.to_string())).collect(),
+            },
+        );
+        st
+    }
+
+    #[test]
+    fn nothing_to_do_when_equal() {
+        let st = state(&["drop"], &["10.0.0.1"]);
+        let (tx, stats) = transaction("margay", &Fingerprint::of(&st), &st);
+        assert!(tx.is_empty(), "{tx}");
+        assert!(stats.is_empty());
+    }
+
+    #[test]
+    fn only_what_changed_is_written() {
+        let old = state(&["drop"], &["10.0.0.1", "10.0.0.2"]);
+        let mut new = state(&["drop"], &["10.0.0.2", "10.0.0.3"]);
+        new.chains.insert(
+            "pi-x".into(),
+            ChainSpec {
+                base: None,
+                rules: vec![NftRule::new("accept".into())],
+            },
+        );
+        let (tx, stats) = transaction("margay", &Fingerprint::of(&old), &new);
+        assert!(
+            tx.contains("delete element inet margay s4-a { 10.0.0.1 }"),
+            "{tx}"
+        );
+        assert!(
+            tx.contains("add element inet margay s4-a { 10.0.0.3 }"),
+            "{tx}"
+        );
+        assert!(tx.contains("add chain inet margay pi-x\n"), "{tx}");
+        assert!(!tx.contains("tw-cali1"), "unchanged chain rewritten: {tx}");
+        assert_eq!(stats.chains_written, 1);
+        // Removal: chains flushed then deleted, after map entries pointing at them are gone.
+        let (tx, stats) = transaction("margay", &Fingerprint::of(&new), &NftState::default());
+        let flush = tx.find("flush chain inet margay tw-cali1").unwrap();
+        let delete = tx.find("delete chain inet margay tw-cali1").unwrap();
+        assert!(flush < delete);
+        assert!(tx.contains("delete set inet margay s4-a"));
+        assert_eq!(stats.chains_deleted, 2);
+    }
+
+    #[test]
+    fn an_empty_kernel_gets_everything() {
+        let st = state(&["drop"], &["10.0.0.1"]);
+        let (tx, _) = transaction("margay", &Fingerprint::default(), &st);
+        let table = tx.find("add table").unwrap();
+        let set = tx.find("add set").unwrap();
+        let chain = tx.find("add chain").unwrap();
+        let rule = tx.find("add rule").unwrap();
+        let map_elem = tx.find("add element inet margay wl-ingress").unwrap();
+        assert!(
+            table < set && set < chain && chain < rule && rule < map_elem,
+            "{tx}"
+        );
+    }
+}

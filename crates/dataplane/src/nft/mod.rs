@@ -1,0 +1,10 @@
+//! nftables: rendering the desired state (pure), diffing it against the kernel's (pure), and
+//! running `nft`.
+
+pub mod diff;
+pub mod observe;
+pub mod render;
+
+pub use diff::{Fingerprint, TxStats, transaction};
+pub use observe::{NftError, NftRunner, fingerprint};
+pub use render::{EndpointChains, EndpointToHostAction, NftConfig, NftState, Renderer};

@@ -1,0 +1,222 @@
+//! The nftables part of the Linux dataplane: keeps `inet margay` equal to what the messages
+//! describe.
+//!
+//! Nothing touches the kernel before `InSync`. The first write reads the table back and
+//! changes only what differs (a restarted Felix leaves established flows and unchanged chains
+//! alone); later writes diff against what was last written. Every write is one atomic
+//! transaction. A periodic refresh reads the table back again and repairs drift (a rule or
+//! element someone removed), counting the repairs.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use margay_calc::{DataplaneModel, Message};
+use serde::Serialize;
+
+use crate::nft::{
+    EndpointChains, Fingerprint, NftConfig, NftError, NftRunner, Renderer, TxStats, fingerprint,
+    transaction,
+};
+use crate::{DataplaneError, EndpointStatus, StatusUpdate};
+
+#[derive(Debug, Clone)]
+pub struct NftDriverConfig {
+    pub nft: NftConfig,
+    pub runner: NftRunner,
+    /// How often the table is read back to repair drift (0: never).
+    pub refresh_interval: Duration,
+}
+
+/// Counters and sizes for metrics and the status API.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NftStats {
+    pub transactions: u64,
+    pub failed_transactions: u64,
+    /// Refreshes that found drift and repaired it.
+    pub repairs: u64,
+    pub refreshes: u64,
+    pub last_apply_seconds: f64,
+    pub last_error: Option<String>,
+    pub chains: usize,
+    pub rules: usize,
+    pub elements: usize,
+    pub endpoints: Vec<EndpointChains>,
+    /// IP-set (nft set) name → element count.
+    pub set_sizes: Vec<(String, usize)>,
+}
+
+/// Shared view of the driver's stats.
+#[derive(Debug, Clone, Default)]
+pub struct NftStatsHandle(Arc<Mutex<NftStats>>);
+
+impl NftStatsHandle {
+    pub fn lock(&self) -> MutexGuard<'_, NftStats> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+pub struct NftDriver {
+    cfg: NftDriverConfig,
+    model: DataplaneModel,
+    renderer: Renderer,
+    /// What the kernel holds, if known (None: read it back before the next write).
+    programmed: Option<Fingerprint>,
+    last_refresh: Instant,
+    stats: NftStatsHandle,
+    dirty: bool,
+}
+
+impl NftDriver {
+    pub fn new(cfg: NftDriverConfig) -> (NftDriver, NftStatsHandle) {
+        let stats = NftStatsHandle::default();
+        (
+            NftDriver {
+                cfg,
+                model: DataplaneModel::default(),
+                renderer: Renderer::new(),
+                programmed: None,
+                last_refresh: Instant::now(),
+                stats: stats.clone(),
+                dirty: false,
+            },
+            stats,
+        )
+    }
+
+    pub fn model(&self) -> &DataplaneModel {
+        &self.model
+    }
+
+    pub fn config_mut(&mut self) -> &mut NftConfig {
+        self.dirty = true;
+        &mut self.cfg.nft
+    }
+
+    /// Takes a batch into the model (no kernel access).
+    pub fn update(&mut self, batch: &[Message]) -> Result<(), DataplaneError> {
+        self.model.apply_all(batch)?;
+        if !batch.is_empty() {
+            self.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// Writes what changed, if in sync. Returns what the transaction did.
+    pub fn sync(&mut self) -> Result<TxStats, DataplaneError> {
+        if !self.model.in_sync || !self.dirty {
+            return Ok(TxStats::default());
+        }
+        let started = Instant::now();
+        let (desired, summaries) = self.renderer.render(&self.model, &self.cfg.nft);
+        let from = match self.programmed.take() {
+            Some(fp) => fp,
+            None => self.observe()?,
+        };
+        let (script, tx) = transaction(&self.cfg.nft.table, &from, &desired);
+        let result = if script.is_empty() {
+            Ok(())
+        } else {
+            self.cfg.runner.apply(&script)
+        };
+        let mut stats = self.stats.lock();
+        match result {
+            Ok(()) => {
+                self.programmed = Some(Fingerprint::of(&desired));
+                self.dirty = false;
+                if !script.is_empty() {
+                    stats.transactions += 1;
+                }
+                stats.last_apply_seconds = started.elapsed().as_secs_f64();
+                stats.last_error = None;
+                stats.chains = desired.chains.len();
+                stats.rules = desired.num_rules();
+                stats.elements = desired.num_elements();
+                stats.endpoints = summaries;
+                stats.set_sizes = desired
+                    .sets
+                    .iter()
+                    .map(|(k, s)| (k.clone(), s.elements.len()))
+                    .collect();
+                Ok(tx)
+            }
+            Err(e) => {
+                // The transaction was rolled back as a whole; read the kernel again next time.
+                self.programmed = None;
+                stats.failed_transactions += 1;
+                stats.last_error = Some(e.to_string());
+                tracing::warn!("nftables update failed (will retry): {e}");
+                Err(DataplaneError::Apply {
+                    what: "the nftables transaction".into(),
+                    reason: e.to_string(),
+                })
+            }
+        }
+    }
+
+    fn observe(&self) -> Result<Fingerprint, DataplaneError> {
+        let map = |e: NftError| DataplaneError::Apply {
+            what: "reading the nftables table".into(),
+            reason: e.to_string(),
+        };
+        match self
+            .cfg
+            .runner
+            .list_table(&self.cfg.nft.table)
+            .map_err(map)?
+        {
+            Some(json) => fingerprint(&json).map_err(map),
+            None => Ok(Fingerprint::default()),
+        }
+    }
+
+    /// Reads the table back and repairs any drift, when the refresh interval has passed.
+    pub fn refresh_if_due(&mut self, now: Instant) -> Result<bool, DataplaneError> {
+        if self.cfg.refresh_interval.is_zero()
+            || !self.model.in_sync
+            || now.duration_since(self.last_refresh) < self.cfg.refresh_interval
+        {
+            return Ok(false);
+        }
+        self.last_refresh = now;
+        self.refresh()
+    }
+
+    /// Reads the table back now and repairs drift. Returns whether anything was repaired.
+    pub fn refresh(&mut self) -> Result<bool, DataplaneError> {
+        self.programmed = None;
+        self.dirty = true;
+        let tx = self.sync()?;
+        let mut stats = self.stats.lock();
+        stats.refreshes += 1;
+        let repaired = !tx.is_empty();
+        if repaired {
+            stats.repairs += 1;
+            tracing::warn!(?tx, "nftables drift repaired");
+        }
+        Ok(repaired)
+    }
+
+    /// Endpoint status after a successful sync: every programmed endpoint is up.
+    pub fn endpoint_statuses(&self, batch: &[Message]) -> Vec<StatusUpdate> {
+        let mut out = Vec::new();
+        for m in batch {
+            match m {
+                Message::WorkloadEndpointUpdate { id, .. } => {
+                    out.push(StatusUpdate::WorkloadEndpoint {
+                        id: id.clone(),
+                        status: if self.programmed.is_some() {
+                            EndpointStatus::Up
+                        } else {
+                            EndpointStatus::Down
+                        },
+                    })
+                }
+                Message::WorkloadEndpointRemove { id } => {
+                    out.push(StatusUpdate::WorkloadEndpointRemoved { id: id.clone() })
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,574 @@
+//! Policy scenarios enforced by the nftables driver, checked with real TCP and ICMP probes
+//! between pod namespaces behind a "node" namespace (root; every namespace is the test's own).
+//!
+//! The node namespace plays the host: pods hang off `cali*` veths with /32 addresses and
+//! link routes, as the CNI plugin wires them. The calculation graph turns resources into
+//! messages; the driver programs `inet margay` inside the node namespace. Scenarios run one
+//! after the other on the same topology, so every change is also an incremental update.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use margay_api::{Resource, ResourceKey, decode_one};
+use margay_calc::{CalcConfig, CalcGraph};
+use margay_dataplane::nft::{NftConfig, NftRunner};
+use margay_dataplane::nft_driver::{NftDriver, NftDriverConfig};
+use margay_testkit::netns::{Netns, is_root};
+
+const NODE: &str = "nodea";
+
+struct Pod {
+    ns: Netns,
+    ip: &'static str,
+}
+
+/// Background listeners, killed on drop.
+struct Listeners(Vec<Child>);
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct Cluster {
+    node: Netns,
+    pods: BTreeMap<&'static str, Pod>,
+    graph: CalcGraph,
+    driver: NftDriver,
+    current: BTreeMap<ResourceKey, Resource>,
+    _listeners: Listeners,
+}
+
+fn res(yaml: &str) -> Resource {
+    let r = decode_one(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    r.validate().unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    r
+}
+
+fn wep(pod: &str, ns: &str, ip: &str, labels: &str, iface: &str, ports: &str) -> Resource {
+    res(&format!(
+        "apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata:
+  name: {NODE}-k8s-{pod}-eth0
+  namespace: {ns}
+  labels: {{{labels}}}
+spec:
+  orchestrator: k8s
+  node: {NODE}
+  pod: {pod}
+  endpoint: eth0
+  interfaceName: {iface}
+  ipNetworks: [{ip}/32]
+  profiles: [kns.{ns}]
+{ports}"
+    ))
+}
+
+fn profile(ns: &str, env: &str) -> Resource {
+    // As Kubernetes namespaces become profiles: labels for namespace selectors, allow-all.
+    res(&format!(
+        "apiVersion: projectcalico.org/v3
+kind: Profile
+metadata: {{name: kns.{ns}}}
+spec:
+  labelsToApply: {{pcns.env: {env}, pcns.projectcalico.org/name: {ns}}}
+  ingress: [{{action: Allow}}]
+  egress: [{{action: Allow}}]"
+    ))
+}
+
+fn base_resources() -> Vec<Resource> {
+    vec![
+        profile("prod", "prod"),
+        profile("dev", "dev"),
+        wep("web", "prod", "10.65.0.1", "app: web", "caliweb0", ""),
+        wep(
+            "db",
+            "prod",
+            "10.65.0.2",
+            "app: db",
+            "calidb00",
+            "  ports: [{name: http, protocol: TCP, port: 8080}]",
+        ),
+        wep("client", "dev", "10.65.0.3", "app: client", "calicli0", ""),
+    ]
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let node = Netns::new("nft-node").unwrap();
+        node.sysctl("net.ipv4.ip_forward", "1").unwrap();
+        // A default route, as every real node has: proxy ARP answers for 169.254.1.1 only
+        // when the host can route it.
+        node.add_veth("uplink0", "uplink1", &["192.0.2.1/24"])
+            .unwrap();
+        node.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            "192.0.2.254",
+            "dev",
+            "uplink0",
+        ])
+        .unwrap();
+        let mut pods = BTreeMap::new();
+        let mut listeners = Vec::new();
+        for (name, ip, iface) in [
+            ("web", "10.65.0.1", "caliweb0"),
+            ("db", "10.65.0.2", "calidb00"),
+            ("client", "10.65.0.3", "calicli0"),
+        ] {
+            let ns = Netns::new(&format!("nft-{name}")).unwrap();
+            node.link_to(iface, &ns, "eth0").unwrap();
+            ns.add_addr("eth0", &format!("{ip}/32")).unwrap();
+            ns.set_up("eth0").unwrap();
+            ns.ip(&[
+                "route",
+                "add",
+                "169.254.1.1",
+                "dev",
+                "eth0",
+                "scope",
+                "link",
+            ])
+            .unwrap();
+            ns.ip(&[
+                "route",
+                "add",
+                "default",
+                "via",
+                "169.254.1.1",
+                "dev",
+                "eth0",
+            ])
+            .unwrap();
+            node.set_up(iface).unwrap();
+            node.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1")
+                .unwrap();
+            // As the CNI plugin does: answer proxy ARP at once.
+            node.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0")
+                .unwrap();
+            node.ip(&[
+                "route",
+                "add",
+                &format!("{ip}/32"),
+                "dev",
+                iface,
+                "scope",
+                "link",
+            ])
+            .unwrap();
+            for port in ["80", "8080"] {
+                listeners.push(
+                    ns.exec("nc")
+                        .args(["-l", "-k", "-p", port])
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .unwrap(),
+                );
+            }
+            pods.insert(name, Pod { ns, ip });
+        }
+        let (driver, _) = NftDriver::new(NftDriverConfig {
+            nft: NftConfig {
+                ipv6: false,
+                ..NftConfig::default()
+            },
+            runner: NftRunner {
+                netns: Some(node.name().to_string()),
+                ..NftRunner::default()
+            },
+            refresh_interval: Duration::ZERO,
+        });
+        let mut graph = CalcGraph::new(CalcConfig {
+            hostname: NODE.into(),
+            ..CalcConfig::default()
+        });
+        graph.on_in_sync();
+        let mut c = Cluster {
+            node,
+            pods,
+            graph,
+            driver,
+            current: BTreeMap::new(),
+            _listeners: Listeners(listeners),
+        };
+        c.set(&[]);
+        c.wait_for_listeners();
+        c
+    }
+
+    fn wait_for_listeners(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for pod in self.pods.values() {
+            loop {
+                let out = pod.ns.exec("ss").args(["-ltn"]).output().unwrap();
+                let text = String::from_utf8_lossy(&out.stdout);
+                if text.contains(":80 ") && text.contains(":8080 ") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "listeners did not start");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Moves the datastore to base + `extra` and programs the result.
+    fn set(&mut self, extra: &[Resource]) {
+        let mut target: BTreeMap<ResourceKey, Resource> = BTreeMap::new();
+        for r in base_resources().into_iter().chain(extra.iter().cloned()) {
+            target.insert(r.key(), r);
+        }
+        for (k, v) in &target {
+            if self.current.get(k) != Some(v) {
+                self.graph.on_update(k, Some(v.clone()));
+            }
+        }
+        for k in self.current.keys() {
+            if !target.contains_key(k) {
+                self.graph.on_update(k, None);
+            }
+        }
+        self.current = target;
+        let msgs = self.graph.flush();
+        self.driver.update(&msgs).unwrap();
+        self.driver.sync().unwrap();
+    }
+
+    fn tcp(&self, from: &str, to: &str, port: u16) -> bool {
+        let to_ip = self.pods[to].ip;
+        let status = self.pods[from]
+            .ns
+            .exec("timeout")
+            .args(["0.7", "nc", "-z", "-w", "1", to_ip, &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        status.success()
+    }
+
+    fn ping(&self, from: &str, to: &str) -> bool {
+        let to_ip = self.pods[to].ip;
+        self.pods[from]
+            .ns
+            .exec("ping")
+            .args(["-c", "1", "-W", "1", to_ip])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    }
+
+    fn expect(&self, scenario: &str, probes: &[(&str, &str, u16, bool)]) {
+        for (from, to, port, allowed) in probes {
+            let got = if *port == 0 {
+                self.ping(from, to)
+            } else {
+                self.tcp(from, to, *port)
+            };
+            let what = if *port == 0 {
+                "ping".to_string()
+            } else {
+                format!("tcp/{port}")
+            };
+            if got != *allowed {
+                let table = Command::new("ip")
+                    .args([
+                        "netns",
+                        "exec",
+                        self.node.name(),
+                        "nft",
+                        "list",
+                        "table",
+                        "inet",
+                        "margay",
+                    ])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                panic!(
+                    "scenario {scenario:?}: {from} -> {to} {what}: expected {}, got {}\n{table}",
+                    if *allowed { "allowed" } else { "denied" },
+                    if got { "allowed" } else { "denied" }
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn policy_scenarios_with_real_probes() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let mut c = Cluster::new();
+
+    c.expect(
+        "no policy: the namespaces' profiles allow",
+        &[
+            ("web", "db", 80, true),
+            ("client", "db", 8080, true),
+            ("db", "web", 80, true),
+            ("client", "web", 0, true),
+        ],
+    );
+
+    c.set(&[res("apiVersion: projectcalico.org/v3
+kind: NetworkPolicy
+metadata: {name: db-default-deny, namespace: prod}
+spec:
+  selector: app == 'db'
+  types: [Ingress]")]);
+    c.expect(
+        "default deny ingress to db",
+        &[
+            ("web", "db", 80, false),
+            ("client", "db", 80, false),
+            ("db", "web", 80, true),
+            ("web", "client", 80, true),
+        ],
+    );
+
+    c.set(&[res("apiVersion: projectcalico.org/v3
+kind: NetworkPolicy
+metadata: {name: web-to-db, namespace: prod}
+spec:
+  selector: app == 'db'
+  ingress:
+  - action: Allow
+    protocol: TCP
+    source: {selector: app == 'web'}
+    destination: {ports: [80]}")]);
+    c.expect(
+        "allow web to db on tcp/80 only",
+        &[
+            ("web", "db", 80, true),
+            ("web", "db", 8080, false),
+            ("client", "db", 80, false),
+            ("web", "db", 0, false),
+        ],
+    );
+
+    c.set(&[res("apiVersion: projectcalico.org/v3
+kind: NetworkPolicy
+metadata: {name: db-named-port, namespace: prod}
+spec:
+  selector: app == 'db'
+  ingress:
+  - action: Allow
+    protocol: TCP
+    destination: {ports: [http]}")]);
+    c.expect(
+        "named port: db's http (8080) only",
+        &[
+            ("web", "db", 8080, true),
+            ("web", "db", 80, false),
+            // A rule without any source selector matches every source (Calico scopes only
+            // rules that have a selector to the policy's namespace).
+            ("client", "db", 8080, true),
+        ],
+    );
+
+    c.set(&[res("apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: db-from-dev}
+spec:
+  selector: app == 'db'
+  ingress:
+  - action: Allow
+    source: {namespaceSelector: env == 'dev'}")]);
+    c.expect(
+        "namespace selector: only the dev namespace reaches db",
+        &[
+            ("client", "db", 80, true),
+            ("client", "db", 0, true),
+            ("web", "db", 80, false),
+        ],
+    );
+
+    c.set(&[res("apiVersion: projectcalico.org/v3
+kind: NetworkPolicy
+metadata: {name: web-egress, namespace: prod}
+spec:
+  selector: app == 'web'
+  types: [Egress]
+  egress:
+  - action: Deny
+    destination: {nets: [10.65.0.3/32]}
+  - action: Allow")]);
+    c.expect(
+        "egress: web may not reach client's net",
+        &[
+            ("web", "client", 80, false),
+            ("web", "client", 0, false),
+            ("web", "db", 80, true),
+            ("client", "web", 80, true),
+        ],
+    );
+
+    c.set(&[
+        res("apiVersion: projectcalico.org/v3
+kind: Tier
+metadata: {name: security}
+spec: {order: 100}"),
+        res("apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: security.gate}
+spec:
+  tier: security
+  selector: all()
+  types: [Ingress]
+  ingress:
+  - action: Deny
+    source: {selector: app == 'client'}
+  - action: Pass"),
+        res("apiVersion: projectcalico.org/v3
+kind: NetworkPolicy
+metadata: {name: db-only-web, namespace: prod}
+spec:
+  selector: app == 'db'
+  ingress:
+  - action: Allow
+    source: {selector: app == 'web'}"),
+    ]);
+    c.expect(
+        "tiers: security denies client everywhere, passes the rest to default",
+        &[
+            ("client", "web", 80, false),
+            ("client", "db", 80, false),
+            // Passed; db's default-tier policy allows web.
+            ("web", "db", 80, true),
+            // Passed; no default-tier policy for web: its profile allows.
+            ("db", "web", 80, true),
+        ],
+    );
+
+    c.set(&[res("apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: web-icmp-only}
+spec:
+  selector: app == 'web'
+  types: [Ingress]
+  ingress:
+  - action: Allow
+    protocol: ICMP
+    icmp: {type: 8}")]);
+    c.expect(
+        "ICMP echo only",
+        &[("db", "web", 0, true), ("db", "web", 80, false)],
+    );
+
+    c.set(&[res("apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: web-not-client}
+spec:
+  selector: app == 'web'
+  types: [Ingress]
+  ingress:
+  - action: Log
+  - action: Allow
+    source: {notSelector: app == 'client'}")]);
+    c.expect(
+        "notSelector (after a Log rule)",
+        &[("db", "web", 80, true), ("client", "web", 80, false)],
+    );
+
+    // Back to nothing: everything flows again, and the table holds no policy chains.
+    c.set(&[]);
+    c.expect(
+        "policies removed",
+        &[("client", "db", 80, true), ("web", "client", 0, true)],
+    );
+    let listing = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            c.node.name(),
+            "nft",
+            "list",
+            "table",
+            "inet",
+            "margay",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&listing.stdout);
+    assert!(!text.contains("chain pi-"), "stale policy chains:\n{text}");
+}
+
+#[test]
+fn unknown_workload_interfaces_are_dropped() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let c = Cluster::new();
+    // A pod whose endpoint the datastore does not know (yet): its traffic is dropped.
+    let ghost = Netns::new("nft-ghost").unwrap();
+    c.node.link_to("caligho0", &ghost, "eth0").unwrap();
+    ghost.add_addr("eth0", "10.65.0.9/32").unwrap();
+    ghost.set_up("eth0").unwrap();
+    ghost
+        .ip(&[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ])
+        .unwrap();
+    ghost
+        .ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+        ])
+        .unwrap();
+    c.node.set_up("caligho0").unwrap();
+    c.node
+        .sysctl("net.ipv4.conf.caligho0.proxy_arp", "1")
+        .unwrap();
+    c.node
+        .sysctl("net.ipv4.neigh.caligho0.proxy_delay", "0")
+        .unwrap();
+    c.node
+        .ip(&[
+            "route",
+            "add",
+            "10.65.0.9/32",
+            "dev",
+            "caligho0",
+            "scope",
+            "link",
+        ])
+        .unwrap();
+    let to_web = ghost
+        .exec("timeout")
+        .args(["0.7", "nc", "-z", "-w", "1", "10.65.0.1", "80"])
+        .status()
+        .unwrap();
+    assert!(
+        !to_web.success(),
+        "an unknown cali interface must be dropped"
+    );
+    c.expect("known pods unaffected", &[("web", "db", 80, true)]);
+}
