@@ -16,6 +16,7 @@ pub mod check;
 pub mod client;
 pub mod error;
 pub mod pools;
+pub mod usage;
 
 pub use block::{AllocationBlock, BlockAffinity, IpamHandle};
 pub use check::{CheckReport, Users, check};

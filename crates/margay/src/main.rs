@@ -36,10 +36,22 @@ enum Role {
     /// The per-node policy daemon (like calico-node -felix): run it, see its status and its
     /// configuration.
     Felix(margay_felix::cli::FelixArgs),
+    /// The CNI plugins (like calico / calico-ipam): install them, or see how they are used.
+    Cni(margay_cni::cli::CniArgs),
 }
 
 fn main() -> ExitCode {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Executed by a container runtime as a CNI plugin (`margay-ipam`, or `margay` with
+    // CNI_COMMAND set and no arguments): the plugin sets up its own logging (never stdout).
+    let argv0 = args.first().map(|a| a.to_string_lossy().into_owned());
+    if let margay_cni::cli::Invocation::Plugin(kind) = margay_cni::cli::invocation(
+        argv0.as_deref().unwrap_or_default(),
+        args.len().saturating_sub(1),
+        std::env::var_os("CNI_COMMAND").is_some(),
+    ) {
+        return ExitCode::from(margay_cni::cli::plugin_main(kind));
+    }
     // Invoked through a `calicoctl` link: behave as `margay ctl`.
     let invoked_as = args
         .first()
@@ -54,6 +66,19 @@ fn main() -> ExitCode {
         margay_node::cli::normalize_health_args(&mut args[3..]);
     }
     let cli = Cli::parse_from(args);
+    // `margay cni plugin|ipam` log as the plugin does; `install` only prints.
+    let cli = match cli {
+        Cli {
+            role: Role::Cni(cni),
+            ..
+        } => {
+            let code =
+                margay_cni::cli::run_cni(cni, &mut io::stdout().lock(), &mut io::stderr().lock());
+            let _ = io::stdout().flush();
+            return ExitCode::from(code);
+        }
+        other => other,
+    };
     let explicit_level = cli.log_level.is_some();
     let level = cli.log_level.clone().unwrap_or_else(|| match &cli.role {
         Role::Ctl(_) => "warn".to_string(),
@@ -63,7 +88,7 @@ fn main() -> ExitCode {
         Role::Felix(f) if felix_runs_daemon(f) => {
             calico_level(std::env::var("FELIX_LOGSEVERITYSCREEN").ok(), "info")
         }
-        Role::Felix(_) => "warn".to_string(),
+        Role::Felix(_) | Role::Cni(_) => "warn".to_string(),
     });
     let set_level = init_logging(&level);
     let code = match cli.role {
@@ -84,6 +109,9 @@ fn main() -> ExitCode {
             &mut io::stdout(),
             &mut io::stderr(),
         ),
+        Role::Cni(cni) => {
+            margay_cni::cli::run_cni(cni, &mut io::stdout().lock(), &mut io::stderr().lock())
+        }
     };
     let _ = io::stdout().flush();
     ExitCode::from(code)

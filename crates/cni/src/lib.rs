@@ -1,0 +1,21 @@
+//! margay's CNI plugins (Calico's `calico` and `calico-ipam`): the CNI protocol, the network
+//! configuration, the workload's identity and endpoint (pure), and the Linux dataplane
+//! (netlink, sysctls, network namespaces) and datastore adapters that ADD, DEL, CHECK,
+//! STATUS and GC drive.
+//!
+//! `spec`, `config` and `workload` are pure; `netlink`, `netns` and `dataplane` touch the
+//! kernel; `plugin` ties them to the datastore and IPAM; `cli` is the binary edge.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod config;
+pub mod dataplane;
+pub mod install;
+pub mod netlink;
+pub mod netns;
+pub mod plugin;
+pub mod spec;
+pub mod storm;
+pub mod workload;
+
+pub use plugin::{PluginKind, run};

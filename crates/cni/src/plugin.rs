@@ -1,0 +1,1007 @@
+//! The plugins' commands: ADD, DEL, CHECK, STATUS, GC and VERSION for `margay` (the main
+//! plugin) and `margay-ipam` (IPAM only).
+//!
+//! ADD writes in this order, so a crash at any point leaves nothing DEL cannot remove:
+//! IPAM (handle `<network>.<containerID>`, which DEL releases) → interfaces → the
+//! WorkloadEndpoint. A failure after the allocation releases the handle and removes the
+//! interfaces before the error is reported. DEL removes everything it can (endpoint,
+//! interfaces, both handle forms), treats what is already gone as done, and reports every
+//! error it met.
+
+use std::collections::{BTreeSet, HashSet};
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use margay_api::{Kind, Resource, ResourceKey, WorkloadEndpoint};
+use margay_datastore::{AnyBackend, Client, DatastoreError, KvBackend};
+use margay_ipam::{AssignArgs, AssignedIp, HostLock, Ipam, IpamError};
+use serde_json::Value;
+
+use crate::config::{
+    self, CmdArgs, Command, DEFAULT_MTU, DEFAULT_MTU_FILE, DEFAULT_NODENAME_FILE, Env, NetConf,
+    WorkloadArgs,
+};
+use crate::dataplane::{self, DataplaneError};
+use crate::spec::{CniError, CniResult, Interface, IpConfig, Version, code, version_info};
+use crate::storm::Slot;
+use crate::workload::Identity;
+
+/// Which plugin this process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginKind {
+    /// `margay` (Calico's `calico`): interfaces, routes, IPAM and the WorkloadEndpoint.
+    Main,
+    /// `margay-ipam` (Calico's `calico-ipam`): addresses only.
+    Ipam,
+}
+
+/// How long one call may take in total before it reports "try again later".
+const CALL_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long to wait for the node name file (margay node writes it when it has started).
+const NODENAME_WAIT: Duration = Duration::from_secs(2);
+/// Test-only: `MARGAY_CNI_TEST_PAUSE=<stage>:<ms>` pauses ADD after a stage (`ipam`, `veth`),
+/// so tests can kill the plugin at a known point. Never set it in production.
+pub const ENV_TEST_PAUSE: &str = "MARGAY_CNI_TEST_PAUSE";
+
+/// Runs one plugin call: reads the command from `env` and the configuration from `stdin`,
+/// writes the result (or a CNI error object) on `out`, returns the exit code.
+pub fn run(kind: PluginKind, env: &Env, stdin: &[u8], out: &mut dyn Write) -> u8 {
+    let (answer, version) = answer(kind, env, stdin);
+    let text = match &answer {
+        Ok(Some(v)) => Some(v.to_string()),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::error!(code = e.code, "{e}");
+            Some(e.to_json(&version).to_string())
+        }
+    };
+    if let Some(t) = text {
+        let _ = writeln!(out, "{t}");
+    }
+    let _ = out.flush();
+    u8::from(answer.is_err())
+}
+
+/// The JSON to print (None for commands that print nothing) and the version to answer in.
+fn answer(kind: PluginKind, env: &Env, stdin: &[u8]) -> (Result<Option<Value>, CniError>, String) {
+    let sniffed = config::sniff_version(stdin);
+    let cmd = match config::command(env) {
+        Ok(c) => c,
+        Err(e) => return (Err(e), sniffed),
+    };
+    if cmd == Command::Version {
+        let requested = serde_json::from_slice::<Value>(stdin)
+            .ok()
+            .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
+            .filter(|v| Version::parse(v).is_some())
+            .unwrap_or_else(|| crate::spec::LATEST.to_string());
+        return (Ok(Some(version_info(&requested))), requested);
+    }
+    let parsed = match config::parse_netconf(stdin) {
+        Ok(p) => p,
+        Err(e) => return (Err(e), sniffed),
+    };
+    let version = parsed.version;
+    let vs = version.to_string();
+    let allowed = match cmd {
+        Command::Check => version.has_check(),
+        Command::Status | Command::Gc => version.has_status_and_gc(),
+        _ => true,
+    };
+    if !allowed {
+        return (
+            Err(CniError::new(
+                code::INCOMPATIBLE_VERSION,
+                format!(
+                    "config version {version} does not allow {cmd:?} (set cniVersion to 1.1.0 or later for STATUS/GC, 0.4.0 or later for CHECK)"
+                ),
+            )),
+            vs,
+        );
+    }
+    let args = match config::cmd_args(env, cmd) {
+        Ok(a) => a,
+        Err(e) => return (Err(e), vs),
+    };
+    let call = Call {
+        kind,
+        cmd,
+        conf: parsed.conf,
+        raw: parsed.raw,
+        version,
+        args,
+        env: env.clone(),
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return (
+                Err(CniError::new(code::PLUGIN, "cannot start the async runtime").with_details(e)),
+                vs,
+            );
+        }
+    };
+    let result = rt.block_on(async {
+        match tokio::time::timeout(CALL_TIMEOUT, call.dispatch()).await {
+            Ok(r) => r,
+            Err(_) => Err(CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!("{cmd:?} did not finish within {CALL_TIMEOUT:?}; try again later"),
+            )),
+        }
+    });
+    (result, vs)
+}
+
+/// One plugin call.
+struct Call {
+    kind: PluginKind,
+    cmd: Command,
+    conf: NetConf,
+    raw: Value,
+    version: Version,
+    args: CmdArgs,
+    env: Env,
+}
+
+/// The datastore, IPAM and resource client of one call.
+struct Store {
+    client: Client<AnyBackend>,
+    ipam: Ipam<AnyBackend>,
+    describe: String,
+}
+
+fn ipam_error(e: IpamError) -> CniError {
+    let c = match &e {
+        IpamError::NoPools { .. }
+        | IpamError::Exhausted { .. }
+        | IpamError::PoolUnusable { .. } => code::NO_ADDRESS,
+        IpamError::NotInPool { .. } | IpamError::InUse { .. } | IpamError::Reserved { .. } => {
+            code::ADDRESS_REFUSED
+        }
+        IpamError::NoSuchPool { .. } => code::INVALID_CONFIG,
+        IpamError::TooManyRetries { .. } | IpamError::BadSequenceNumber { .. } => {
+            code::TRY_AGAIN_LATER
+        }
+        IpamError::Lock { .. } => code::IO_FAILURE,
+        IpamError::Datastore(d) if d.is_transient() => code::TRY_AGAIN_LATER,
+        _ => code::DATASTORE,
+    };
+    CniError::new(c, e.to_string())
+}
+
+fn datastore_error(what: &str, e: DatastoreError) -> CniError {
+    let c = if e.is_transient() {
+        code::TRY_AGAIN_LATER
+    } else {
+        code::DATASTORE
+    };
+    CniError::new(c, format!("{what}: {e}"))
+}
+
+fn dataplane_error(e: DataplaneError) -> CniError {
+    match &e {
+        DataplaneError::Netns { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            CniError::new(
+                code::UNKNOWN_CONTAINER,
+                format!("{e} (CNI_NETNS must name the container's network namespace)"),
+            )
+        }
+        _ => CniError::new(code::DATAPLANE, e.to_string()),
+    }
+}
+
+/// Runs blocking dataplane work off the runtime thread.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, DataplaneError> + Send + 'static,
+) -> Result<T, CniError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(dataplane_error),
+        Err(e) => Err(CniError::new(code::PLUGIN, "dataplane task failed").with_details(e)),
+    }
+}
+
+fn test_pause(env: &Env, stage: &str) {
+    let Some(spec) = env.get(ENV_TEST_PAUSE) else {
+        return;
+    };
+    let Some((s, ms)) = spec.split_once(':') else {
+        return;
+    };
+    if s != stage {
+        return;
+    }
+    let ms: u64 = ms.parse().unwrap_or(0);
+    // Straight to stderr, whatever the log settings: tests wait for this line.
+    eprintln!("margay-cni test hook: pausing {ms} ms after {stage}");
+    std::thread::sleep(Duration::from_millis(ms));
+}
+
+impl Call {
+    async fn dispatch(&self) -> Result<Option<Value>, CniError> {
+        match self.cmd {
+            Command::Add => self.add().await.map(|r| Some(r.to_json(self.version))),
+            Command::Del => self.del().await.map(|()| None),
+            Command::Check => self.check().await.map(|()| None),
+            Command::Status => self.status().await.map(|()| None),
+            Command::Gc => self.gc().await.map(|()| None),
+            Command::Version => Ok(Some(version_info(&self.version.to_string()))),
+        }
+    }
+
+    fn builtin_ipam(&self) -> Result<(), CniError> {
+        match self.conf.ipam.ipam_type.as_str() {
+            "" | "margay-ipam" | "calico-ipam" => Ok(()),
+            other => Err(CniError::new(
+                code::INVALID_CONFIG,
+                format!(
+                    "ipam.type {other:?} is not supported by margay: use \"margay-ipam\" (or \"calico-ipam\", which margay serves itself)"
+                ),
+            )),
+        }
+    }
+
+    /// The node name: the config's `nodename`, else the node name file, else the host name.
+    /// Unless `nodename_file_optional`, the node name file must exist (margay node has
+    /// started), as Calico requires; it is waited for briefly.
+    async fn nodename(&self) -> Result<String, CniError> {
+        let path = if self.conf.nodename_file.is_empty() {
+            PathBuf::from(DEFAULT_NODENAME_FILE)
+        } else {
+            PathBuf::from(&self.conf.nodename_file)
+        };
+        let mut from_file = None;
+        let deadline = tokio::time::Instant::now() + NODENAME_WAIT;
+        loop {
+            match std::fs::read_to_string(&path) {
+                Ok(s) => {
+                    from_file = Some(s.trim().to_string()).filter(|s| !s.is_empty());
+                    break;
+                }
+                Err(e) if self.conf.nodename_file_optional => {
+                    tracing::debug!(path = %path.display(), "no node name file: {e}");
+                    break;
+                }
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(CniError::new(
+                        code::NODENAME,
+                        format!(
+                            "{}: {e}: check that margay node (calico-node) is running and has written it (or set nodename_file_optional)",
+                            path.display()
+                        ),
+                    ));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        if !self.conf.nodename.is_empty() {
+            return Ok(self.conf.nodename.clone());
+        }
+        if let Some(n) = from_file {
+            return Ok(n);
+        }
+        if !self.conf.kubernetes.node_name.is_empty() {
+            return Ok(self.conf.kubernetes.node_name.clone());
+        }
+        if !self.conf.hostname.is_empty() {
+            return Ok(self.conf.hostname.clone());
+        }
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_lowercase())
+            .unwrap_or_default();
+        if host.is_empty() {
+            return Err(CniError::new(
+                code::NODENAME,
+                "cannot determine the node name: set nodename in the network configuration",
+            ));
+        }
+        Ok(host)
+    }
+
+    fn mtu(&self) -> u32 {
+        if self.conf.mtu > 0 {
+            return self.conf.mtu;
+        }
+        std::fs::read_to_string(DEFAULT_MTU_FILE)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .filter(|m| *m > 0)
+            .unwrap_or(DEFAULT_MTU)
+    }
+
+    async fn connect(&self) -> Result<Store, CniError> {
+        let cfg = config::datastore_config(&self.conf, &self.env)?;
+        let describe = cfg.describe();
+        let backend =
+            match tokio::time::timeout(Duration::from_secs(30), cfg.connect_existing()).await {
+                Ok(Ok(b)) => b,
+                Ok(Err(e)) => {
+                    return Err(CniError::new(
+                        code::TRY_AGAIN_LATER,
+                        format!("cannot reach the datastore ({describe}); try again later"),
+                    )
+                    .with_details(e));
+                }
+                Err(_) => {
+                    return Err(CniError::new(
+                        code::TRY_AGAIN_LATER,
+                        format!(
+                            "the datastore ({describe}) did not answer within 30s; try again later"
+                        ),
+                    ));
+                }
+            };
+        let lock = Arc::new(HostLock::new(config::lock_path(&self.conf, &self.env)));
+        Ok(Store {
+            client: Client::new(backend.clone()),
+            ipam: Ipam::new(backend).with_host_lock(lock),
+            describe,
+        })
+    }
+
+    fn workload(&self) -> Result<WorkloadArgs, CniError> {
+        config::workload_args(&self.args.args, &self.conf)
+    }
+
+    // ---- ADD --------------------------------------------------------------------------------
+
+    async fn add(&self) -> Result<CniResult, CniError> {
+        self.builtin_ipam()?;
+        if self.conf.feature_control.floating_ips || self.conf.feature_control.ip_addrs_no_ipam {
+            tracing::warn!(
+                "feature_control floating_ips / ip_addrs_no_ipam are not supported by margay; ignoring them"
+            );
+        }
+        let w = self.workload()?;
+        let node = self.nodename().await?;
+        let ident = Identity::new(&self.args, &w, &node, &self.conf.name);
+        let _slot = Slot::acquire(&config::lock_path(&self.conf, &self.env), &self.env).await;
+        let store = self.connect().await?;
+        tracing::info!(container = %self.args.container_id, handle = %ident.handle(), datastore = %store.describe, "ADD");
+
+        let (assigned, _fresh) = self.addresses(&store, &ident, &w).await?;
+        test_pause(&self.env, "ipam");
+        if self.kind == PluginKind::Ipam {
+            return Ok(CniResult {
+                ips: assigned
+                    .iter()
+                    .map(|a| IpConfig {
+                        ip: a.ip,
+                        prefix: a.block.prefix(),
+                        gateway: None,
+                        interface: None,
+                    })
+                    .collect(),
+                ..CniResult::default()
+            });
+        }
+        let ips: Vec<IpAddr> = assigned.iter().map(|a| a.ip).collect();
+        match self.add_networking(&store, &ident, &w, &ips).await {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                self.roll_back(&store, &ident).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The container's addresses: the ones its handle already holds (a repeated ADD gets the
+    /// same addresses), completed by new ones. Returns all of them and the new ones.
+    async fn addresses(
+        &self,
+        store: &Store,
+        ident: &Identity,
+        w: &WorkloadArgs,
+    ) -> Result<(Vec<AssignedIp>, Vec<AssignedIp>), CniError> {
+        let handle = ident.handle();
+        let held = store
+            .ipam
+            .ips_by_handle(&handle)
+            .await
+            .map_err(ipam_error)?;
+        let attrs = ident.ipam_attrs(&margay_datastore::util::now_rfc3339());
+        let mut fresh = Vec::new();
+        let mut out: Vec<AssignedIp> = Vec::new();
+        if !w.ips.is_empty() {
+            for ip in &w.ips {
+                if let Some(h) = held.iter().find(|h| h.ip == *ip) {
+                    out.push(*h);
+                    continue;
+                }
+                match store
+                    .ipam
+                    .assign_ip(*ip, &handle, &attrs, &node_of(ident))
+                    .await
+                {
+                    Ok(a) => {
+                        fresh.push(a);
+                        out.push(a);
+                    }
+                    Err(e) => {
+                        self.release_fresh(store, &fresh).await;
+                        return Err(ipam_error(e));
+                    }
+                }
+            }
+            return Ok((out, fresh));
+        }
+        let (want4, want6) = (self.conf.ipam.v4(), self.conf.ipam.v6());
+        let have4 = held.iter().find(|a| a.ip.is_ipv4()).copied();
+        let have6 = held.iter().find(|a| a.ip.is_ipv6()).copied();
+        let mut args = AssignArgs::new(handle.clone(), node_of(ident));
+        args.num_v4 = usize::from(want4 && have4.is_none());
+        args.num_v6 = usize::from(want6 && have6.is_none());
+        args.attrs = attrs;
+        args.v4_pools = self.conf.ipam.ipv4_pools.clone();
+        args.v6_pools = self.conf.ipam.ipv6_pools.clone();
+        if args.num_v4 + args.num_v6 > 0 {
+            let got = store.ipam.auto_assign(&args).await.map_err(ipam_error)?;
+            fresh.extend(got.all().copied());
+        }
+        if want4 {
+            out.extend(have4.or_else(|| fresh.iter().find(|a| a.ip.is_ipv4()).copied()));
+        }
+        if want6 {
+            out.extend(have6.or_else(|| fresh.iter().find(|a| a.ip.is_ipv6()).copied()));
+        }
+        if held.is_empty() {
+            tracing::info!(ips = ?out.iter().map(|a| a.ip).collect::<Vec<_>>(), "assigned");
+        } else {
+            tracing::info!(ips = ?out.iter().map(|a| a.ip).collect::<Vec<_>>(), "reusing the addresses this container already holds");
+        }
+        Ok((out, fresh))
+    }
+
+    async fn release_fresh(&self, store: &Store, fresh: &[AssignedIp]) {
+        if fresh.is_empty() {
+            return;
+        }
+        let ips: Vec<margay_ipam::ReleaseIp> = fresh
+            .iter()
+            .map(|a| margay_ipam::ReleaseIp {
+                ip: a.ip,
+                sequence_number: None,
+            })
+            .collect();
+        if let Err(e) = store.ipam.release_ips(&ips).await {
+            tracing::error!("releasing addresses after a failed ADD: {e}");
+        }
+    }
+
+    async fn add_networking(
+        &self,
+        store: &Store,
+        ident: &Identity,
+        w: &WorkloadArgs,
+        ips: &[IpAddr],
+    ) -> Result<CniResult, CniError> {
+        let host_veth = ident.host_veth_name();
+        let mtu = self.mtu();
+        if self.conf.device_type == "netkit" {
+            tracing::info!("device_type netkit is not supported by margay yet; using veth");
+        }
+        let set_up = {
+            let (hv, ifname, netns, ips) = (
+                host_veth.clone(),
+                self.args.ifname.clone(),
+                PathBuf::from(&self.args.netns),
+                ips.to_vec(),
+            );
+            let fwd = self.conf.container_settings.allow_ip_forwarding;
+            blocking(move || {
+                dataplane::set_up(&dataplane::Spec {
+                    host_veth: &hv,
+                    ifname: &ifname,
+                    netns: &netns,
+                    mtu,
+                    ips: &ips,
+                    allow_ip_forwarding: fwd,
+                })
+            })
+            .await?
+        };
+        test_pause(&self.env, "veth");
+        let wep = ident.endpoint(w, &host_veth, &set_up.container_mac, ips)?;
+        store
+            .client
+            .apply(Resource::WorkloadEndpoint(wep))
+            .await
+            .map_err(|e| datastore_error("writing the WorkloadEndpoint", e))?;
+        if self.conf.policy_setup_timeout_seconds > 0 {
+            tracing::warn!(
+                "policy_setup_timeout_seconds is set, but margay's Felix does not report endpoint status yet; not waiting"
+            );
+        }
+        let mut result = CniResult {
+            interfaces: vec![
+                Interface {
+                    name: host_veth,
+                    ..Interface::default()
+                },
+                Interface {
+                    name: self.args.ifname.clone(),
+                    mac: set_up.container_mac,
+                    mtu: Some(mtu),
+                    sandbox: self.args.netns.clone(),
+                },
+            ],
+            ..CniResult::default()
+        };
+        result.ips = ips
+            .iter()
+            .map(|ip| IpConfig {
+                ip: *ip,
+                prefix: if ip.is_ipv4() { 32 } else { 128 },
+                gateway: None,
+                interface: Some(1),
+            })
+            .collect();
+        Ok(result)
+    }
+
+    /// Undoes a failed ADD: the container's addresses, its interfaces and its endpoint.
+    async fn roll_back(&self, store: &Store, ident: &Identity) {
+        if let Err(e) = store.ipam.release_by_handle(&ident.handle()).await {
+            tracing::error!(handle = %ident.handle(), "releasing the addresses of a failed ADD: {e}");
+        }
+        let hv = ident.host_veth_name();
+        if let Err(e) = blocking(move || dataplane::delete_host_link(&hv)).await {
+            tracing::error!("removing the interfaces of a failed ADD: {e}");
+        }
+        if let Ok(key) = self.endpoint_key(ident)
+            && let Ok(Resource::WorkloadEndpoint(wep)) = store.client.get(&key).await
+            && wep.spec.container_id == self.args.container_id
+            && let Err(e) = store
+                .client
+                .delete(&key, Some(&wep.metadata.resource_version))
+                .await
+        {
+            tracing::error!("removing the endpoint of a failed ADD: {e}");
+        }
+    }
+
+    fn endpoint_key(&self, ident: &Identity) -> Result<ResourceKey, CniError> {
+        Ok(ResourceKey {
+            kind: Kind::WorkloadEndpoint,
+            namespace: ident.namespace.clone(),
+            name: ident.endpoint_name()?,
+        })
+    }
+
+    // ---- DEL --------------------------------------------------------------------------------
+
+    async fn del(&self) -> Result<(), CniError> {
+        self.builtin_ipam()?;
+        let w = self.workload()?;
+        let node = self.nodename().await?;
+        let ident = Identity::new(&self.args, &w, &node, &self.conf.name);
+        let _slot = Slot::acquire(&config::lock_path(&self.conf, &self.env), &self.env).await;
+        let mut errors: Vec<CniError> = Vec::new();
+        let store = match self.connect().await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        };
+        tracing::info!(container = %self.args.container_id, handle = %ident.handle(), "DEL");
+        let mut host_veth_from_wep = None;
+        if self.kind == PluginKind::Main
+            && let Some(store) = &store
+        {
+            match self.delete_endpoint(store, &ident).await {
+                Ok(iface) => host_veth_from_wep = iface,
+                Err(e) => errors.push(e),
+            }
+        }
+        if self.kind == PluginKind::Main {
+            if self.args.netns.is_empty() {
+                // No namespace to clean: remove the host side the endpoint named, if it was ours.
+                if let Some(hv) = host_veth_from_wep
+                    && let Err(e) = blocking(move || dataplane::delete_host_link(&hv)).await
+                {
+                    errors.push(e);
+                }
+            } else {
+                let (netns, ifname) = (PathBuf::from(&self.args.netns), self.args.ifname.clone());
+                match blocking(move || dataplane::tear_down(&netns, &ifname)).await {
+                    Ok(true) => tracing::info!("deleted the container's interface"),
+                    Ok(false) => {
+                        tracing::info!("the container's interface or namespace was already gone")
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        if let Some(store) = &store {
+            for handle in [ident.handle(), ident.legacy_handle()] {
+                match store.ipam.release_by_handle(&handle).await {
+                    Ok(ips) if !ips.is_empty() => {
+                        tracing::info!(%handle, ?ips, "released");
+                    }
+                    Ok(_) => tracing::debug!(%handle, "nothing held by the handle"),
+                    Err(e) => errors.push(ipam_error(e)),
+                }
+            }
+        }
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            n => {
+                let first = errors[0].code;
+                let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                Err(CniError::new(
+                    first,
+                    format!("DEL met {n} errors; everything else was cleaned up"),
+                )
+                .with_details(all.join("; ")))
+            }
+        }
+    }
+
+    /// Deletes the container's WorkloadEndpoint if it belongs to this container (a DEL for
+    /// an old sandbox of a pod leaves the current one's endpoint alone). Returns the
+    /// endpoint's host interface when it was this container's.
+    async fn delete_endpoint(
+        &self,
+        store: &Store,
+        ident: &Identity,
+    ) -> Result<Option<String>, CniError> {
+        let key = self.endpoint_key(ident)?;
+        for _ in 0..5 {
+            let wep: WorkloadEndpoint = match store.client.get(&key).await {
+                Ok(Resource::WorkloadEndpoint(w)) => w,
+                Ok(_) | Err(DatastoreError::NotFound { .. }) => {
+                    tracing::info!(endpoint = %key, "no WorkloadEndpoint to delete");
+                    return Ok(None);
+                }
+                Err(e) => return Err(datastore_error("reading the WorkloadEndpoint", e)),
+            };
+            if !wep.spec.container_id.is_empty() && wep.spec.container_id != self.args.container_id
+            {
+                tracing::warn!(endpoint = %key, current = %wep.spec.container_id, "the endpoint belongs to another container of the pod; keeping it");
+                return Ok(None);
+            }
+            match store
+                .client
+                .delete(&key, Some(&wep.metadata.resource_version))
+                .await
+            {
+                Ok(_) | Err(DatastoreError::NotFound { .. }) => {
+                    return Ok(Some(wep.spec.interface_name));
+                }
+                Err(DatastoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(datastore_error("deleting the WorkloadEndpoint", e)),
+            }
+        }
+        Err(CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("{key} kept changing while it was being deleted; try again later"),
+        ))
+    }
+
+    // ---- CHECK ------------------------------------------------------------------------------
+
+    async fn check(&self) -> Result<(), CniError> {
+        self.builtin_ipam()?;
+        let prev = self
+            .conf
+            .prev_result
+            .as_ref()
+            .filter(|v| !v.is_null())
+            .ok_or_else(|| {
+                CniError::new(
+                    code::INVALID_CONFIG,
+                    "CHECK needs prevResult in the network configuration (the result of ADD)",
+                )
+            })?;
+        let prev = CniResult::from_json(prev)
+            .map_err(|e| CniError::new(code::INVALID_CONFIG, format!("prevResult: {e}")))?;
+        let w = self.workload()?;
+        let node = self.nodename().await?;
+        let ident = Identity::new(&self.args, &w, &node, &self.conf.name);
+        let store = self.connect().await?;
+        let mut problems = Vec::new();
+        let held: BTreeSet<IpAddr> = store
+            .ipam
+            .ips_by_handle(&ident.handle())
+            .await
+            .map_err(ipam_error)?
+            .iter()
+            .map(|a| a.ip)
+            .collect();
+        let expected: BTreeSet<IpAddr> = prev.ips.iter().map(|i| i.ip).collect();
+        if expected.is_empty() {
+            problems.push("prevResult has no addresses".to_string());
+        }
+        if held != expected {
+            problems.push(format!(
+                "IPAM handle {} holds {:?}, prevResult says {:?}",
+                ident.handle(),
+                held,
+                expected
+            ));
+        }
+        if self.kind == PluginKind::Main {
+            let host_veth = ident.host_veth_name();
+            let key = self.endpoint_key(&ident)?;
+            match store.client.get(&key).await {
+                Ok(Resource::WorkloadEndpoint(wep)) => {
+                    if wep.spec.container_id != self.args.container_id {
+                        problems.push(format!(
+                            "WorkloadEndpoint {key} belongs to container {}",
+                            wep.spec.container_id
+                        ));
+                    }
+                    if wep.spec.interface_name != host_veth {
+                        problems.push(format!(
+                            "WorkloadEndpoint {key} names interface {}, expected {host_veth}",
+                            wep.spec.interface_name
+                        ));
+                    }
+                    let nets: BTreeSet<IpAddr> = wep
+                        .spec
+                        .ip_networks
+                        .iter()
+                        .filter_map(|n| crate::spec::parse_cidr(n).map(|(ip, _)| ip))
+                        .collect();
+                    if nets != expected {
+                        problems.push(format!(
+                            "WorkloadEndpoint {key} has ipNetworks {:?}, expected {:?}",
+                            wep.spec.ip_networks, expected
+                        ));
+                    }
+                }
+                Ok(_) | Err(DatastoreError::NotFound { .. }) => {
+                    problems.push(format!("WorkloadEndpoint {key} does not exist"));
+                }
+                Err(e) => return Err(datastore_error("reading the WorkloadEndpoint", e)),
+            }
+            let (netns, ifname, ips) = (
+                PathBuf::from(&self.args.netns),
+                self.args.ifname.clone(),
+                expected.iter().copied().collect::<Vec<_>>(),
+            );
+            let hv = host_veth.clone();
+            let mtu = self.mtu();
+            let found = blocking(move || {
+                dataplane::check(&dataplane::Spec {
+                    host_veth: &hv,
+                    ifname: &ifname,
+                    netns: &netns,
+                    mtu,
+                    ips: &ips,
+                    allow_ip_forwarding: false,
+                })
+            })
+            .await?;
+            problems.extend(found);
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(CniError::new(
+                code::CHECK_FAILED,
+                format!(
+                    "CHECK found {} problem(s) with container {}",
+                    problems.len(),
+                    self.args.container_id
+                ),
+            )
+            .with_details(problems.join("; ")))
+        }
+    }
+
+    // ---- STATUS -----------------------------------------------------------------------------
+
+    async fn status(&self) -> Result<(), CniError> {
+        self.builtin_ipam()?;
+        let unavailable = |e: CniError| CniError {
+            code: code::NOT_AVAILABLE,
+            ..e
+        };
+        let store = self.connect().await.map_err(unavailable)?;
+        store
+            .client
+            .backend()
+            .revision()
+            .await
+            .map_err(|e| unavailable(datastore_error("the datastore does not answer", e)))?;
+        let node = self.nodename().await.ok();
+        let pools = store
+            .ipam
+            .pools()
+            .await
+            .map_err(|e| unavailable(ipam_error(e)))?;
+        let blocks = store
+            .ipam
+            .blocks()
+            .await
+            .map_err(|e| unavailable(ipam_error(e)))?;
+        let reservations = store
+            .ipam
+            .reservations()
+            .await
+            .map_err(|e| unavailable(ipam_error(e)))?;
+        let labels = match &node {
+            Some(n) => match store
+                .client
+                .get(&ResourceKey {
+                    kind: Kind::Node,
+                    namespace: String::new(),
+                    name: n.clone(),
+                })
+                .await
+            {
+                Ok(r) => r.metadata().labels.clone(),
+                Err(_) => Default::default(),
+            },
+            None => Default::default(),
+        };
+        for (version, wanted, requested) in [
+            (4u8, self.conf.ipam.v4(), &self.conf.ipam.ipv4_pools),
+            (6u8, self.conf.ipam.v6(), &self.conf.ipam.ipv6_pools),
+        ] {
+            if !wanted {
+                continue;
+            }
+            let usable = margay_ipam::pools::select_pools(
+                &pools,
+                version,
+                requested,
+                &labels,
+                margay_api::ippool::AllowedUse::Workload,
+            )
+            .map_err(|e| unavailable(ipam_error(e)))?;
+            if usable.is_empty() {
+                return Err(CniError::new(
+                    code::NOT_AVAILABLE,
+                    format!(
+                        "no enabled IPv{version} pool can be used by this node; create one with `margay ctl apply`"
+                    ),
+                ));
+            }
+            let free: u128 = usable
+                .iter()
+                .map(|p| margay_ipam::usage::pool_usage(p, &blocks, &reservations).free())
+                .sum();
+            if free == 0 {
+                let names: Vec<&str> = usable.iter().map(|p| p.name.as_str()).collect();
+                return Err(CniError::new(
+                    code::NOT_AVAILABLE,
+                    format!(
+                        "the IPv{version} pools {names:?} have no free address; add a pool or free addresses"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    // ---- GC ---------------------------------------------------------------------------------
+
+    /// Releases what this node holds for attachments of this network that the runtime no
+    /// longer lists in `cni.dev/valid-attachments`.
+    async fn gc(&self) -> Result<(), CniError> {
+        self.builtin_ipam()?;
+        let valid: HashSet<(String, String)> = self
+            .conf_value("cni.dev/valid-attachments")
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|a| {
+                Some((
+                    a.get("containerID")?.as_str()?.to_string(),
+                    a.get("ifname")?.as_str()?.to_string(),
+                ))
+            })
+            .collect();
+        let valid_ids: HashSet<&str> = valid.iter().map(|(c, _)| c.as_str()).collect();
+        let node = self.nodename().await?;
+        let store = self.connect().await?;
+        let prefix = format!("{}.", self.conf.name);
+        let blocks = store.ipam.blocks().await.map_err(ipam_error)?;
+        let mut stale: BTreeSet<String> = BTreeSet::new();
+        for b in &blocks {
+            for a in b.allocated() {
+                let Some(h) = a.attribute.handle_id.as_deref() else {
+                    continue;
+                };
+                let Some(cid) = h.strip_prefix(&prefix) else {
+                    continue;
+                };
+                if a.attribute.attrs.get("node").map(String::as_str) == Some(node.as_str())
+                    && !valid_ids.contains(cid)
+                {
+                    stale.insert(h.to_string());
+                }
+            }
+        }
+        let mut errors = Vec::new();
+        for h in &stale {
+            match store.ipam.release_by_handle(h).await {
+                Ok(ips) => tracing::info!(handle = %h, ?ips, "GC released"),
+                Err(e) => errors.push(ipam_error(e).to_string()),
+            }
+        }
+        if self.kind == PluginKind::Main {
+            let listed = store
+                .client
+                .list(Kind::WorkloadEndpoint, None, "")
+                .await
+                .map_err(|e| datastore_error("listing WorkloadEndpoints", e))?;
+            for r in listed.items {
+                let Resource::WorkloadEndpoint(wep) = r else {
+                    continue;
+                };
+                if wep.spec.node != node
+                    || wep.spec.container_id.is_empty()
+                    || valid_ids.contains(wep.spec.container_id.as_str())
+                    || !store
+                        .ipam
+                        .ips_by_handle(&margay_ipam::workload_handle(
+                            &self.conf.name,
+                            &wep.spec.container_id,
+                        ))
+                        .await
+                        .map(|v| v.is_empty())
+                        .unwrap_or(false)
+                {
+                    continue;
+                }
+                let key = ResourceKey {
+                    kind: Kind::WorkloadEndpoint,
+                    namespace: wep.metadata.namespace.clone(),
+                    name: wep.metadata.name.clone(),
+                };
+                match store
+                    .client
+                    .delete(&key, Some(&wep.metadata.resource_version))
+                    .await
+                {
+                    Ok(_) | Err(DatastoreError::NotFound { .. }) => {
+                        tracing::info!(endpoint = %key, "GC deleted the endpoint");
+                        let hv = wep.spec.interface_name.clone();
+                        if !hv.is_empty()
+                            && let Err(e) = blocking(move || dataplane::delete_host_link(&hv)).await
+                        {
+                            errors.push(e.to_string());
+                        }
+                    }
+                    Err(e) => errors.push(format!("{key}: {e}")),
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(
+                CniError::new(code::PLUGIN, format!("GC met {} error(s)", errors.len()))
+                    .with_details(errors.join("; ")),
+            )
+        }
+    }
+
+    fn conf_value(&self, field: &str) -> Option<Value> {
+        self.raw.get(field).cloned()
+    }
+}
+
+fn node_of(ident: &Identity) -> String {
+    ident.node.clone()
+}
+
+/// Helper for tests and tools: the nodename file path a config resolves to.
+pub fn nodename_file(conf: &NetConf) -> &Path {
+    if conf.nodename_file.is_empty() {
+        Path::new(DEFAULT_NODENAME_FILE)
+    } else {
+        Path::new(&conf.nodename_file)
+    }
+}
