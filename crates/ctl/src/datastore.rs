@@ -38,7 +38,7 @@ pub(crate) enum Access {
 /// Opens the datastore for a command. The real implementation reads the configuration; tests
 /// hand out an in-memory store.
 pub(crate) trait Connector {
-    type Backend: KvBackend;
+    type Backend: KvBackend + Clone;
 
     async fn connect(
         &self,

@@ -3,7 +3,7 @@
 //! Commands write to the given output streams and return the process exit code, so the binary
 //! stays a thin dispatcher and tests can run commands in-process.
 //!
-//! The resource commands (`create`, `apply`, `replace`, `delete`, `get`, `label`) talk to the
+//! The resource commands (`create`, `apply`, `replace`, `delete`, `get`, `label`, `ipam`) talk to the
 //! datastore through a tokio current-thread runtime created here for the one command;
 //! `selector` and `validate` never start one.
 #![forbid(unsafe_code)]
@@ -16,6 +16,7 @@ use clap::{Args, Subcommand};
 mod datastore;
 mod get_cmd;
 mod input;
+mod ipam_cmd;
 mod kinds;
 mod label_cmd;
 mod report;
@@ -140,6 +141,9 @@ pub enum CtlCommand {
     #[command(after_help = "Example:
   margay ctl validate -f ./pools.yaml -f ./policies.yaml")]
     Validate(validate_cmd::ValidateArgs),
+    /// IP address management: utilization, consistency check, releasing an address.
+    #[command(subcommand)]
+    Ipam(ipam_cmd::IpamCommand),
 }
 
 /// How the command may talk to the operator beyond its output streams.
@@ -200,6 +204,9 @@ pub(crate) fn run_with<C: Connector>(
         }),
         CtlCommand::Label(a) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
             rt.block_on(label_cmd::run(&a, config, out, err, connector))
+        }),
+        CtlCommand::Ipam(c) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
+            rt.block_on(ipam_cmd::run(&c, config, out, err, connector))
         }),
     };
     // A broken pipe (e.g. `| head`) is not worth a panic or a second error message.
