@@ -11,6 +11,7 @@
 //! as a pure control plane.
 #![forbid(unsafe_code)]
 
+pub mod linux_driver;
 pub mod nft;
 pub mod nft_driver;
 
@@ -64,6 +65,12 @@ pub trait DataplaneDriver: Send {
 
     /// Applies one batch. Returns the status changes it caused.
     fn apply(&mut self, batch: &[Message]) -> Result<Vec<StatusUpdate>, DataplaneError>;
+
+    /// Periodic work between batches: retrying a failed write, refreshing against drift.
+    /// Felix calls it about once a second.
+    fn housekeeping(&mut self) -> Result<Vec<StatusUpdate>, DataplaneError> {
+        Ok(Vec::new())
+    }
 }
 
 /// Everything a [`RecordingDriver`] saw, shared with whoever holds a [`Recording`].

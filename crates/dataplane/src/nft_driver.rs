@@ -36,6 +36,11 @@ pub struct NftStats {
     pub repairs: u64,
     pub refreshes: u64,
     pub last_apply_seconds: f64,
+    /// The last apply's phases: render, read-back (when needed), diff, nft.
+    pub last_render_seconds: f64,
+    pub last_observe_seconds: f64,
+    pub last_diff_seconds: f64,
+    pub last_nft_seconds: f64,
     pub last_error: Option<String>,
     pub chains: usize,
     pub rules: usize,
@@ -55,9 +60,9 @@ impl NftStatsHandle {
     }
 }
 
+/// Keeps the table equal to a [`DataplaneModel`] owned by the caller.
 pub struct NftDriver {
     cfg: NftDriverConfig,
-    model: DataplaneModel,
     renderer: Renderer,
     /// What the kernel holds, if known (None: read it back before the next write).
     programmed: Option<Fingerprint>,
@@ -72,7 +77,6 @@ impl NftDriver {
         (
             NftDriver {
                 cfg,
-                model: DataplaneModel::default(),
                 renderer: Renderer::new(),
                 programmed: None,
                 last_refresh: Instant::now(),
@@ -83,42 +87,45 @@ impl NftDriver {
         )
     }
 
-    pub fn model(&self) -> &DataplaneModel {
-        &self.model
-    }
-
     pub fn config_mut(&mut self) -> &mut NftConfig {
         self.dirty = true;
         &mut self.cfg.nft
     }
 
-    /// Takes a batch into the model (no kernel access).
-    pub fn update(&mut self, batch: &[Message]) -> Result<(), DataplaneError> {
-        self.model.apply_all(batch)?;
-        if !batch.is_empty() {
-            self.dirty = true;
-        }
-        Ok(())
+    /// The model changed: the next [`NftDriver::sync`] renders it.
+    pub fn mark_dirty(&mut self) {
+        self.dirty = true;
     }
 
-    /// Writes what changed, if in sync. Returns what the transaction did.
-    pub fn sync(&mut self) -> Result<TxStats, DataplaneError> {
-        if !self.model.in_sync || !self.dirty {
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Writes what changed, if the model is in sync. Returns what the transaction did.
+    pub fn sync(&mut self, model: &DataplaneModel) -> Result<TxStats, DataplaneError> {
+        if !model.in_sync || !self.dirty {
             return Ok(TxStats::default());
         }
         let started = Instant::now();
-        let (desired, summaries) = self.renderer.render(&self.model, &self.cfg.nft);
+        let (desired, summaries) = self.renderer.render(model, &self.cfg.nft);
+        let rendered = started.elapsed();
         let from = match self.programmed.take() {
             Some(fp) => fp,
             None => self.observe()?,
         };
+        let observed = started.elapsed();
         let (script, tx) = transaction(&self.cfg.nft.table, &from, &desired);
+        let diffed = started.elapsed();
         let result = if script.is_empty() {
             Ok(())
         } else {
             self.cfg.runner.apply(&script)
         };
         let mut stats = self.stats.lock();
+        stats.last_render_seconds = rendered.as_secs_f64();
+        stats.last_observe_seconds = (observed - rendered).as_secs_f64();
+        stats.last_diff_seconds = (diffed - observed).as_secs_f64();
+        stats.last_nft_seconds = started.elapsed().saturating_sub(diffed).as_secs_f64();
         match result {
             Ok(()) => {
                 self.programmed = Some(Fingerprint::of(&desired));
@@ -170,22 +177,26 @@ impl NftDriver {
     }
 
     /// Reads the table back and repairs any drift, when the refresh interval has passed.
-    pub fn refresh_if_due(&mut self, now: Instant) -> Result<bool, DataplaneError> {
+    pub fn refresh_if_due(
+        &mut self,
+        model: &DataplaneModel,
+        now: Instant,
+    ) -> Result<bool, DataplaneError> {
         if self.cfg.refresh_interval.is_zero()
-            || !self.model.in_sync
+            || !model.in_sync
             || now.duration_since(self.last_refresh) < self.cfg.refresh_interval
         {
             return Ok(false);
         }
         self.last_refresh = now;
-        self.refresh()
+        self.refresh(model)
     }
 
     /// Reads the table back now and repairs drift. Returns whether anything was repaired.
-    pub fn refresh(&mut self) -> Result<bool, DataplaneError> {
+    pub fn refresh(&mut self, model: &DataplaneModel) -> Result<bool, DataplaneError> {
         self.programmed = None;
         self.dirty = true;
-        let tx = self.sync()?;
+        let tx = self.sync(model)?;
         let mut stats = self.stats.lock();
         stats.refreshes += 1;
         let repaired = !tx.is_empty();

@@ -231,6 +231,8 @@ fn main() {
             ("DATASTORE_TYPE", "local".to_string()),
             ("DATASTORE_PATH", db.display().to_string()),
             ("FELIX_FELIXHOSTNAME", "node0".to_string()),
+            // Runs in the machine's own namespace: measure the control plane only.
+            ("MARGAY_DATAPLANE", "recording".to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))

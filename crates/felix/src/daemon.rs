@@ -225,6 +225,100 @@ impl EncapPolicy {
     }
 }
 
+/// A driver, the model it keeps, and (Linux) its nftables counters.
+type DriverParts = (
+    Box<dyn DataplaneDriver>,
+    Recording,
+    Option<margay_dataplane::nft_driver::NftStatsHandle>,
+);
+
+/// The dataplane driver: the Linux one (nftables) unless `MARGAY_DATAPLANE=recording` asks for
+/// the recording driver (computes and records, programs nothing: tests and dry runs).
+fn make_driver(
+    env: &BTreeMap<String, String>,
+    config: &margay_felix_config::Config,
+    encap: Encap,
+) -> Result<DriverParts, StartError> {
+    use margay_dataplane::linux_driver::{LinuxDriver, LinuxDriverConfig};
+    use margay_dataplane::nft::{EndpointToHostAction, NftConfig, NftRunner};
+    use margay_dataplane::nft_driver::NftDriverConfig;
+    let mode = env
+        .get("MARGAY_DATAPLANE")
+        .map(|s| s.trim().to_ascii_lowercase())
+        .unwrap_or_else(|| "linux".into());
+    match mode.as_str() {
+        "recording" => {
+            let (driver, recording) = RecordingDriver::new(false);
+            tracing::info!(
+                driver = driver.name(),
+                "Starting the recording dataplane driver (MARGAY_DATAPLANE=recording): it keeps \
+                 what the calculation graph asks for (see margay felix status) and programs \
+                 nothing in the kernel"
+            );
+            Ok((Box::new(driver), recording, None))
+        }
+        "linux" => {
+            if !config.nftables_mode.eq_ignore_ascii_case("enabled")
+                && !config.nftables_mode.eq_ignore_ascii_case("auto")
+            {
+                tracing::warn!(
+                    mode = %config.nftables_mode,
+                    "NFTablesMode is not Enabled/Auto, but margay programs policy with nftables only"
+                );
+            }
+            // Two mark bits for policy verdicts: the lowest two of the mask.
+            let mask = config.nftables_mark_mask;
+            let accept = mask & mask.wrapping_neg();
+            let rest = mask & !accept;
+            let pass = rest & rest.wrapping_neg();
+            if accept == 0 || pass == 0 {
+                return Err(StartError::Fatal(format!(
+                    "NftablesMarkMask {mask:#x} must have at least two bits set (margay needs an accept and a pass bit)"
+                )));
+            }
+            let nft = NftConfig {
+                table: "margay".into(),
+                workload_prefixes: config
+                    .interface_prefixes()
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect(),
+                endpoint_to_host: match config
+                    .default_endpoint_to_host_action
+                    .to_ascii_uppercase()
+                    .as_str()
+                {
+                    "ACCEPT" => EndpointToHostAction::Accept,
+                    "RETURN" => EndpointToHostAction::Return,
+                    _ => EndpointToHostAction::Drop,
+                },
+                mark_accept: accept,
+                mark_pass: pass,
+                ipv6: config.ipv6_support,
+                vxlan_port: (encap.vxlan || encap.vxlan_v6)
+                    .then(|| u16::try_from(config.vxlan_port).unwrap_or(4789)),
+                log_prefix: "calico-packet".into(),
+            };
+            let (driver, recording, stats) = LinuxDriver::new(LinuxDriverConfig {
+                nft: NftDriverConfig {
+                    nft,
+                    runner: NftRunner::default(),
+                    refresh_interval: config.nftables_refresh_interval,
+                },
+            });
+            tracing::info!(
+                driver = driver.name(),
+                "Starting the Linux dataplane driver: nftables table inet margay (nothing is \
+                 written before the datastore is in sync)"
+            );
+            Ok((Box::new(driver), recording, Some(stats)))
+        }
+        other => Err(StartError::Fatal(format!(
+            "MARGAY_DATAPLANE={other:?} is not a dataplane driver: use linux (the default) or recording"
+        ))),
+    }
+}
+
 /// The encapsulation the pools call for, decided exactly as the calculation graph decides it
 /// (by asking a scratch graph), so that start-up and run time never disagree.
 fn pool_encap(pools: &[Resource]) -> Encap {
@@ -265,6 +359,8 @@ struct Shared {
     invalid: Mutex<BTreeMap<String, String>>,
     config_json: Mutex<serde_json::Value>,
     recording: Recording,
+    /// The nftables driver's counters and per-endpoint chains (Linux dataplane only).
+    nft_stats: Option<margay_dataplane::nft_driver::NftStatsHandle>,
     driver_name: &'static str,
     datastore: String,
     dp_in_sync: AtomicBool,
@@ -697,14 +793,8 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
     }
 
     // The dataplane driver.
-    let (driver, recording) = RecordingDriver::new(false);
+    let (driver, recording, nft_stats) = make_driver(&opts.env, &config, encap.startup)?;
     let driver_name = driver.name();
-    tracing::info!(
-        driver = driver_name,
-        "Starting the dataplane driver: the recording driver keeps what the calculation graph \
-         asks for (see margay felix status) and programs nothing in the kernel; the Linux \
-         dataplane arrives in a later release"
-    );
     health.register(
         INTERNAL_DATAPLANE,
         true,
@@ -721,6 +811,7 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
         invalid: Mutex::new(BTreeMap::new()),
         config_json: Mutex::new(loaded.to_json()),
         recording,
+        nft_stats,
         driver_name,
         datastore: ds_desc,
         dp_in_sync: AtomicBool::new(false),
@@ -737,7 +828,7 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
     let _ = dp_tx.send(vec![Message::ConfigUpdate { config: raw }]);
     {
         let shared = shared.clone();
-        let driver: Box<dyn DataplaneDriver> = Box::new(driver);
+        let driver: Box<dyn DataplaneDriver> = driver;
         std::thread::Builder::new()
             .name("felix-dataplane".into())
             .spawn(move || dataplane_loop(dp_rx, driver, shared))
@@ -1210,9 +1301,26 @@ fn dataplane_loop(
     let m = shared.metrics.clone();
     let started = Instant::now();
     let mut in_sync = false;
-    let tick = Duration::from_secs(5);
+    let tick = Duration::from_secs(1);
     shared.health.report(INTERNAL_DATAPLANE, true, false);
     loop {
+        // Retries of failed writes and drift refreshes, between batches.
+        match driver.housekeeping() {
+            Ok(status) => {
+                if !in_sync && status.contains(&StatusUpdate::DataplaneInSync) {
+                    in_sync = true;
+                    shared.dp_in_sync.store(true, Ordering::SeqCst);
+                    m.dataplane_initial_resync_time
+                        .set(started.elapsed().as_secs_f64());
+                    shared.mark("first_apply");
+                    tracing::info!(driver = driver.name(), "Dataplane in sync");
+                }
+            }
+            Err(e) => {
+                m.dataplane_failures.inc();
+                tracing::warn!(error = %e, "Dataplane housekeeping failed; will retry");
+            }
+        }
         match rx.recv_timeout(tick) {
             Ok(mut batch) => {
                 // Coalesce what is already queued: consecutive batches keep their order.
@@ -1388,6 +1496,10 @@ async fn status_doc(shared: &Shared, with_config: bool) -> Result<StatusDoc, Str
             driver: shared.driver_name.into(),
             in_sync: in_sync_dp && shared.dp_in_sync.load(Ordering::SeqCst),
             messages_applied: shared.messages_applied.load(Ordering::Relaxed),
+            nft: shared
+                .nft_stats
+                .as_ref()
+                .and_then(|h| serde_json::to_value(&*h.lock()).ok()),
         },
         counts,
         bootstrap: BootstrapView {

@@ -86,6 +86,9 @@ pub struct DataplaneView {
     pub driver: String,
     pub in_sync: bool,
     pub messages_applied: u64,
+    /// The Linux driver's nftables state: transactions, repairs, sizes, per-endpoint chains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nft: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -203,6 +206,54 @@ pub fn render(doc: &StatusDoc) -> String {
         yes(doc.dataplane.in_sync, "in sync", "not in sync yet"),
         doc.dataplane.messages_applied
     );
+    if let Some(nft) = &doc.dataplane.nft {
+        let n = |k: &str| nft.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "nftables:   table inet margay: {} chains, {} rules, {} set elements; {} transactions ({} failed), {} drift repairs in {} refreshes; last apply {}",
+            n("chains"),
+            n("rules"),
+            n("elements"),
+            n("transactions"),
+            n("failed_transactions"),
+            n("repairs"),
+            n("refreshes"),
+            fmt_secs(
+                nft.get("last_apply_seconds")
+                    .and_then(serde_json::Value::as_f64)
+                    .unwrap_or(0.0)
+            ),
+        );
+        if let Some(err) = nft.get("last_error").and_then(serde_json::Value::as_str) {
+            let _ = writeln!(out, "            last error: {err}");
+        }
+        for ep in nft
+            .get("endpoints")
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let iface = ep
+                .get("interface")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("?");
+            let chains: Vec<&str> = ep
+                .get("chains")
+                .and_then(serde_json::Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(serde_json::Value::as_str)
+                .collect();
+            let _ = writeln!(
+                out,
+                "            {iface}: {} rules in chains {}",
+                ep.get("rules")
+                    .and_then(serde_json::Value::as_u64)
+                    .unwrap_or(0),
+                chains.join(", ")
+            );
+        }
+    }
     let c = |k: &str| doc.counts.get(k).copied().unwrap_or(0);
     let _ = writeln!(
         out,
@@ -465,6 +516,7 @@ mod tests {
                 driver: "recording".into(),
                 in_sync: true,
                 messages_applied: 12,
+                nft: None,
             },
             counts: BTreeMap::from([
                 ("local_endpoints".to_string(), 1),

@@ -45,6 +45,8 @@ fn margay(store: &Store) -> Command {
     for (k, v) in store.env() {
         c.env(k, v);
     }
+    // These tests run Felix in the machine's own namespace: it must not program the kernel.
+    c.env("MARGAY_DATAPLANE", "recording");
     c
 }
 

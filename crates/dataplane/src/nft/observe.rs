@@ -165,6 +165,8 @@ pub fn fingerprint(json: &Value) -> Result<Fingerprint, NftError> {
             let Some(name) = set.get("name").and_then(Value::as_str) else {
                 continue;
             };
+            // String-typed elements are written quoted; read them back the same way.
+            let quoted = set.get("type").and_then(Value::as_str) == Some("ifname");
             let mut elems = BTreeSet::new();
             for e in set
                 .get("elem")
@@ -172,7 +174,8 @@ pub fn fingerprint(json: &Value) -> Result<Fingerprint, NftError> {
                 .into_iter()
                 .flatten()
             {
-                elems.insert(element_string(e).unwrap_or_else(|| format!("?{e}")));
+                let text = element_string(e).unwrap_or_else(|| format!("?{e}"));
+                elems.insert(if quoted { format!("\"{text}\"") } else { text });
             }
             fp.sets.insert(name.to_string(), (None, elems));
         } else if let Some(map) = item.get("map") {
