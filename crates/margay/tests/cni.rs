@@ -1,0 +1,1033 @@
+//! The CNI plugins run as the real binary, as a runtime runs them: CNI_* variables, the
+//! network configuration on stdin, the result on stdout.
+//!
+//! Network safety: every test makes a *host* namespace and *container* namespaces
+//! (margay_testkit::netns, `mgy-` prefix, deleted on drop) and runs the plugin inside the host
+//! namespace (`ip netns exec`), with CNI_NETNS naming a container namespace; every link,
+//! route and sysctl the plugin touches is in a namespace the test made. The datastore is a
+//! private embedded store, the node name file and the IPAM lock live in a temp directory.
+//! Needs root (CI runs as root); MARGAY_SKIP_ROOT_TESTS=1 skips it elsewhere.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use margay_testkit::netns::{Netns, is_root};
+use serde_json::{Value, json};
+
+/// Upper bound for one plugin run (the plugin's own bound is 90 s; a healthy call takes ms).
+const RUN_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn skip() -> bool {
+    if is_root() {
+        return false;
+    }
+    if std::env::var("MARGAY_SKIP_ROOT_TESTS").as_deref() == Ok("1") {
+        eprintln!("skipped: needs root (MARGAY_SKIP_ROOT_TESTS=1)");
+        return true;
+    }
+    panic!("needs root (creates network namespaces); run as root or set MARGAY_SKIP_ROOT_TESTS=1");
+}
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_margay"))
+}
+
+/// Waits for a child with a deadline, reading its output meanwhile.
+fn finish(mut child: Child, timeout: Duration) -> Output {
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a plugin run took longer than {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    Output {
+        status,
+        stdout: t_out.join().unwrap(),
+        stderr: t_err.join().unwrap(),
+    }
+}
+
+/// One node: a host namespace with an uplink and a default route (as a real host has; proxy
+/// ARP only answers for destinations the host can route), a private datastore with pools, a
+/// node name file and an IPAM lock.
+struct Node {
+    dir: tempfile::TempDir,
+    host: Netns,
+}
+
+/// A container: its namespace and the identifiers the runtime passes.
+struct Pod {
+    ns: Netns,
+    id: String,
+    name: String,
+}
+
+impl Pod {
+    fn netns_path(&self) -> String {
+        format!("/run/netns/{}", self.ns.name())
+    }
+    fn cni_args(&self) -> String {
+        format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={}",
+            self.name, self.id
+        )
+    }
+}
+
+fn pool(name: &str, cidr: &str, block: u8) -> String {
+    format!(
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata:\n  name: {name}\nspec:\n  cidr: \"{cidr}\"\n  blockSize: {block}\n"
+    )
+}
+
+impl Node {
+    fn new(pools: &[String]) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("nodename"), "node-a\n").unwrap();
+        let host = Netns::new("cni-host").unwrap();
+        host.add_veth(
+            "uplink",
+            "uplink-peer",
+            &["192.0.2.1/32", "2001:db8::1/128"],
+        )
+        .unwrap();
+        host.ip(&["route", "add", "default", "dev", "uplink"])
+            .unwrap();
+        host.ip(&["-6", "route", "add", "default", "dev", "uplink"])
+            .unwrap();
+        // Pods on this node reach each other through the host (Felix's job on a real host).
+        let out = host
+            .exec("sh")
+            .args([
+                "-c",
+                "echo 1 > /proc/sys/net/ipv6/conf/all/forwarding && echo 1 > /proc/sys/net/ipv4/ip_forward",
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let node = Node { dir, host };
+        let f = node.dir.path().join("pools.yaml");
+        std::fs::write(&f, pools.join("---\n")).unwrap();
+        let o = node.ctl(&["apply", "-f", f.to_str().unwrap()]);
+        assert!(o.status.success(), "{o:?}");
+        node
+    }
+
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("ds.db")
+    }
+
+    fn env(&self, cmd: &mut Command) {
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DATASTORE_TYPE", "local")
+            .env("DATASTORE_PATH", self.store())
+            .env("MARGAY_IPAM_LOCK_FILE", self.dir.path().join("ipam.lock"));
+    }
+
+    /// `margay ctl ARGS` against this node's datastore (outside any namespace: it only reads
+    /// and writes the store file).
+    fn ctl(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(exe());
+        cmd.arg("ctl").args(args);
+        self.env(&mut cmd);
+        cmd.output().unwrap()
+    }
+
+    fn pod(&self, name: &str) -> Pod {
+        let ns = Netns::new("cni-pod").unwrap();
+        let id = format!("{:x}{}", std::process::id(), name.replace('-', ""));
+        Pod {
+            ns,
+            id: format!("c{id}"),
+            name: name.to_string(),
+        }
+    }
+
+    fn conf(&self, extra: Value) -> Value {
+        let mut c = json!({
+            "cniVersion": "1.0.0",
+            "name": "k8s-pod-network",
+            "type": "margay",
+            "mtu": 1400,
+            "log_level": "debug",
+            "nodename_file": self.dir.path().join("nodename"),
+            "ipam": {"type": "margay-ipam"},
+        });
+        merge(&mut c, extra);
+        c
+    }
+
+    /// Starts `plugin` (default: margay) inside the host namespace.
+    fn spawn(
+        &self,
+        program: &Path,
+        cmd: &str,
+        pod: &Pod,
+        conf: &Value,
+        env: &[(&str, &str)],
+    ) -> Child {
+        let mut c = self.host.exec(program);
+        self.env(&mut c);
+        c.env("CNI_COMMAND", cmd)
+            .env("CNI_CONTAINERID", &pod.id)
+            .env("CNI_NETNS", pod.netns_path())
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", "/usr/lib/cni")
+            .env("CNI_ARGS", pod.cni_args());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        child
+    }
+
+    fn run(&self, cmd: &str, pod: &Pod, conf: &Value, env: &[(&str, &str)]) -> Output {
+        finish(self.spawn(&exe(), cmd, pod, conf, env), RUN_TIMEOUT)
+    }
+
+    fn add(&self, pod: &Pod, conf: &Value) -> Value {
+        let o = self.run("ADD", pod, conf, &[]);
+        assert!(o.status.success(), "ADD failed: {}", show(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+
+    fn del(&self, pod: &Pod, conf: &Value) {
+        let o = self.run("DEL", pod, conf, &[]);
+        assert!(o.status.success(), "DEL failed: {}", show(&o));
+        assert!(o.stdout.is_empty(), "DEL prints nothing: {}", show(&o));
+    }
+
+    fn check(&self, pod: &Pod, conf: &Value, result: &Value) -> Output {
+        let mut c = conf.clone();
+        c["prevResult"] = result.clone();
+        self.run("CHECK", pod, &c, &[])
+    }
+
+    /// `margay ctl ipam check`: (clean?, output).
+    fn ipam_check(&self) -> (bool, String) {
+        let o = self.ctl(&["ipam", "check"]);
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+        )
+    }
+
+    fn assert_clean(&self) {
+        let (clean, out) = self.ipam_check();
+        assert!(clean, "IPAM is not clean:\n{out}");
+        assert!(out.contains("Found 0 handles."), "{out}");
+        let weps = self.ctl(&["get", "workloadendpoints", "-A", "-o", "name"]);
+        assert!(weps.stdout.is_empty(), "endpoints left: {}", show(&weps));
+        let links = self.host.ip(&["-o", "link"]).unwrap();
+        assert!(!links.contains("cali"), "host interfaces left: {links}");
+    }
+}
+
+fn merge(base: &mut Value, extra: Value) {
+    if let (Value::Object(b), Value::Object(e)) = (base, extra) {
+        for (k, v) in e {
+            match (b.get_mut(&k), v) {
+                (Some(bv @ Value::Object(_)), v @ Value::Object(_)) => merge(bv, v),
+                (_, v) => {
+                    b.insert(k, v);
+                }
+            }
+        }
+    }
+}
+
+fn show(o: &Output) -> String {
+    format!(
+        "{}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ips_of(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            let a = i["address"].as_str().unwrap();
+            a.split('/').next().unwrap().to_string()
+        })
+        .collect()
+}
+
+fn ping(from: &Netns, to: &str) {
+    let v6 = to.contains(':');
+    // Neighbour discovery may need a moment: a few tries, bounded.
+    for attempt in 0..5 {
+        let mut c = from.exec("ping");
+        if v6 {
+            c.arg("-6");
+        }
+        let o = c.args(["-c", "1", "-W", "1", to]).output().unwrap();
+        if o.status.success() {
+            return;
+        }
+        if attempt == 4 {
+            panic!("ping {to} from {} failed: {}", from.name(), show(&o));
+        }
+    }
+}
+
+fn error_of(o: &Output) -> Value {
+    assert!(!o.status.success(), "expected a failure: {}", show(o));
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not a CNI error ({e}): {}", show(o)));
+    assert!(v["code"].is_u64() && v["msg"].is_string(), "{v}");
+    assert!(v.get("cniVersion").is_some(), "{v}");
+    v
+}
+
+// ------------------------------------------------------------------------------------------
+
+#[test]
+fn add_check_del_ipv4() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.80.0.0/24", 28)]);
+    let pod = node.pod("web-0");
+    let conf = node.conf(json!({}));
+    let result = node.add(&pod, &conf);
+    assert_eq!(result["cniVersion"], "1.0.0");
+    let ips = ips_of(&result);
+    assert_eq!(ips.len(), 1);
+    let ip = &ips[0];
+    assert!(ip.starts_with("10.80.0."), "{result}");
+    assert_eq!(result["ips"][0]["address"], format!("{ip}/32"));
+    assert_eq!(result["ips"][0]["interface"], 1);
+    assert!(result["ips"][0].get("version").is_none());
+    let host_veth = result["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        host_veth.starts_with("cali") && host_veth.len() == 15,
+        "{result}"
+    );
+    assert_eq!(result["interfaces"][1]["name"], "eth0");
+    assert_eq!(result["interfaces"][1]["sandbox"], pod.netns_path());
+
+    // Host side.
+    let link = node.host.ip(&["-o", "link", "show", &host_veth]).unwrap();
+    assert!(
+        link.contains("ee:ee:ee:ee:ee:ee") && link.contains("mtu 1400"),
+        "{link}"
+    );
+    let routes = node.host.ip(&["route"]).unwrap();
+    assert!(
+        routes.contains(&format!("{ip} dev {host_veth} scope link")),
+        "{routes}"
+    );
+    let sysctls = node
+        .host
+        .exec("sh")
+        .arg("-c")
+        .arg(format!(
+            "cat /proc/sys/net/ipv4/conf/{host_veth}/proxy_arp /proc/sys/net/ipv4/conf/{host_veth}/forwarding /proc/sys/net/ipv4/conf/{host_veth}/route_localnet"
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&sysctls.stdout), "1\n1\n1\n");
+    // Container side.
+    let addrs = pod.ns.ip(&["-o", "addr", "show", "dev", "eth0"]).unwrap();
+    assert!(addrs.contains(&format!("{ip}/32")), "{addrs}");
+    let croutes = pod.ns.ip(&["route"]).unwrap();
+    assert!(
+        croutes.contains("default via 169.254.1.1 dev eth0"),
+        "{croutes}"
+    );
+    assert!(
+        croutes.contains("169.254.1.1 dev eth0 scope link"),
+        "{croutes}"
+    );
+    // The WorkloadEndpoint.
+    let wep = node.ctl(&[
+        "get",
+        "wep",
+        "-n",
+        "default",
+        "node--a-k8s-web--0-eth0",
+        "-o",
+        "json",
+    ]);
+    assert!(wep.status.success(), "{}", show(&wep));
+    let wep: Value = serde_json::from_slice(&wep.stdout).unwrap();
+    assert_eq!(wep["spec"]["containerID"], pod.id.as_str());
+    assert_eq!(wep["spec"]["interfaceName"], host_veth.as_str());
+    assert_eq!(wep["spec"]["ipNetworks"][0], format!("{ip}/32"));
+    assert_eq!(wep["spec"]["profiles"][0], "kns.default");
+    assert_eq!(
+        wep["metadata"]["labels"]["projectcalico.org/orchestrator"],
+        "k8s"
+    );
+    assert_eq!(wep["spec"]["mac"], result["interfaces"][1]["mac"]);
+
+    // Traffic: the pod reaches the host.
+    ping(&pod.ns, "192.0.2.1");
+
+    // CHECK passes, and notices a missing route.
+    let o = node.check(&pod, &conf, &result);
+    assert!(o.status.success(), "{}", show(&o));
+    pod.ns.ip(&["route", "del", "default"]).unwrap();
+    let e = error_of(&node.check(&pod, &conf, &result));
+    assert_eq!(e["code"], 105, "{e}");
+    assert!(
+        e["details"].as_str().unwrap().contains("default route"),
+        "{e}"
+    );
+
+    node.del(&pod, &conf);
+    assert!(!pod.ns.ip(&["-o", "link"]).unwrap().contains("eth0"));
+    node.assert_clean();
+    // DEL again: still fine.
+    node.del(&pod, &conf);
+}
+
+#[test]
+fn add_check_del_ipv6_only_and_old_result_format() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p6", "fd80::/120", 124)]);
+    let pod = node.pod("v6-0");
+    let conf = node.conf(json!({
+        "cniVersion": "0.4.0",
+        "ipam": {"assign_ipv4": "false", "assign_ipv6": "true"}
+    }));
+    let result = node.add(&pod, &conf);
+    assert_eq!(result["cniVersion"], "0.4.0");
+    assert_eq!(result["ips"][0]["version"], "6");
+    let ip = ips_of(&result).remove(0);
+    assert!(ip.starts_with("fd80::"), "{result}");
+    let addrs = pod
+        .ns
+        .ip(&["-o", "-6", "addr", "show", "dev", "eth0"])
+        .unwrap();
+    assert!(addrs.contains(&format!("{ip}/128")), "{addrs}");
+    let croutes = pod.ns.ip(&["-6", "route"]).unwrap();
+    assert!(
+        croutes.contains("default via fe80::ecee:eeff:feee:eeee dev eth0"),
+        "{croutes}"
+    );
+    let host_veth = result["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let hroutes = node.host.ip(&["-6", "route"]).unwrap();
+    assert!(
+        hroutes.contains(&format!("{ip} dev {host_veth}")),
+        "{hroutes}"
+    );
+    ping(&pod.ns, "2001:db8::1");
+    let o = node.check(&pod, &conf, &result);
+    assert!(o.status.success(), "{}", show(&o));
+    node.del(&pod, &conf);
+    node.assert_clean();
+}
+
+#[test]
+fn dual_stack_pods_reach_each_other() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[
+        pool("p4", "10.81.0.0/24", 28),
+        pool("p6", "fd81::/120", 124),
+    ]);
+    let conf = node.conf(json!({"cniVersion": "1.1.0", "ipam": {"assign_ipv6": true}}));
+    let (a, b) = (node.pod("a-0"), node.pod("b-0"));
+    let ra = node.add(&a, &conf);
+    let rb = node.add(&b, &conf);
+    assert_eq!(
+        ra["interfaces"][1]["mtu"], 1400,
+        "1.1.0 results carry the MTU: {ra}"
+    );
+    let (ia, ib) = (ips_of(&ra), ips_of(&rb));
+    assert_eq!(ia.len(), 2);
+    assert_ne!(ia, ib);
+    ping(&a.ns, &ib[0]);
+    ping(&a.ns, &ib[1]);
+    ping(&b.ns, &ia[0]);
+    ping(&b.ns, &ia[1]);
+    for (p, r) in [(&a, &ra), (&b, &rb)] {
+        let o = node.check(p, &conf, r);
+        assert!(o.status.success(), "{}", show(&o));
+    }
+    // STATUS: the datastore answers and the pools have room.
+    let o = node.run("STATUS", &a, &conf, &[]);
+    assert!(o.status.success(), "{}", show(&o));
+    node.del(&a, &conf);
+    node.del(&b, &conf);
+    node.assert_clean();
+}
+
+#[test]
+fn add_is_idempotent() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.82.0.0/24", 28)]);
+    let pod = node.pod("idem-0");
+    let conf = node.conf(json!({}));
+    let first = node.add(&pod, &conf);
+    let second = node.add(&pod, &conf);
+    assert_eq!(ips_of(&first), ips_of(&second));
+    let (clean, out) = node.ipam_check();
+    assert!(clean, "{out}");
+    assert!(out.contains("IPAM blocks record 1 allocations"), "{out}");
+    let o = node.check(&pod, &conf, &second);
+    assert!(o.status.success(), "{}", show(&o));
+    ping(&pod.ns, "192.0.2.1");
+    node.del(&pod, &conf);
+    node.assert_clean();
+}
+
+#[test]
+fn del_after_the_namespace_is_gone() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.83.0.0/24", 28)]);
+    let pod = node.pod("gone-0");
+    let conf = node.conf(json!({}));
+    node.add(&pod, &conf);
+    let Pod { ns, id, name } = pod;
+    let path = format!("/run/netns/{}", ns.name());
+    drop(ns); // the runtime removed the sandbox first
+    let ghost = Pod {
+        ns: Netns::new("cni-unused").unwrap(),
+        id,
+        name,
+    };
+    // CNI_NETNS still names the deleted namespace.
+    let mut c = node.host.exec(exe());
+    node.env(&mut c);
+    c.env("CNI_COMMAND", "DEL")
+        .env("CNI_CONTAINERID", &ghost.id)
+        .env("CNI_NETNS", &path)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .env("CNI_ARGS", ghost.cni_args())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    let o = finish(child, RUN_TIMEOUT);
+    assert!(o.status.success(), "{}", show(&o));
+    node.assert_clean();
+    // And with no CNI_NETNS at all (allowed for DEL).
+    let o = node.run("DEL", &ghost, &conf, &[("CNI_NETNS", "")]);
+    assert!(o.status.success(), "{}", show(&o));
+}
+
+#[test]
+fn a_full_pool_fails_cleanly_and_leaks_nothing() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("tiny", "10.84.0.0/30", 30)]);
+    let conf = node.conf(json!({}));
+    let pods: Vec<Pod> = (0..5).map(|i| node.pod(&format!("full-{i}"))).collect();
+    let mut results = Vec::new();
+    for p in &pods[..4] {
+        results.push(node.add(p, &conf));
+    }
+    let o = node.run("ADD", &pods[4], &conf, &[]);
+    let e = error_of(&o);
+    assert_eq!(e["code"], 102, "{e}");
+    assert!(
+        e["msg"].as_str().unwrap().contains("no free address"),
+        "{e}"
+    );
+    // Nothing of the failed pod remains; the four others are consistent.
+    let (clean, out) = node.ipam_check();
+    assert!(clean, "{out}");
+    assert!(out.contains("IPAM blocks record 4 allocations"), "{out}");
+    assert!(!pods[4].ns.ip(&["-o", "link"]).unwrap().contains("eth0"));
+    // STATUS (1.1.0) says the plugin cannot serve ADDs.
+    let st = node.run(
+        "STATUS",
+        &pods[0],
+        &node.conf(json!({"cniVersion": "1.1.0"})),
+        &[],
+    );
+    assert_eq!(error_of(&st)["code"], 50);
+    for p in &pods {
+        node.del(p, &conf);
+    }
+    node.assert_clean();
+}
+
+/// The plugin is killed (SIGKILL) after IPAM assigned the address but before the endpoint
+/// exists (and, second round, after the interfaces exist). The test hook
+/// MARGAY_CNI_TEST_PAUSE=<stage>:<ms> makes the plugin stop there and say so on stderr; the
+/// test kills it then. The runtime's DEL must leave nothing behind.
+#[test]
+fn killed_mid_add_then_del_leaks_nothing() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.85.0.0/24", 28)]);
+    let conf = node.conf(json!({}));
+    for stage in ["ipam", "veth"] {
+        let pod = node.pod(&format!("kill-{stage}"));
+        let pause = format!("{stage}:30000");
+        let mut child = node.spawn(
+            &exe(),
+            "ADD",
+            &pod,
+            &conf,
+            &[("MARGAY_CNI_TEST_PAUSE", pause.as_str())],
+        );
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("test hook: pausing") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        rx.recv_timeout(RUN_TIMEOUT)
+            .unwrap_or_else(|_| panic!("the plugin never reached {stage}"));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // The allocation is there, unused: IPAM check sees the leak until DEL.
+        let (clean, out) = node.ipam_check();
+        assert!(!clean && out.contains("leaked"), "{out}");
+        node.del(&pod, &conf);
+        node.assert_clean();
+    }
+}
+
+#[test]
+fn bad_input_is_a_cni_error_and_writes_nothing() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.86.0.0/24", 28)]);
+    let pod = node.pod("bad-0");
+    let conf = node.conf(json!({}));
+    let run_raw = |stdin: &str, env: &[(&str, &str)]| {
+        let mut c = node.host.exec(exe());
+        node.env(&mut c);
+        c.env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", &pod.id)
+            .env("CNI_NETNS", pod.netns_path())
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", "/usr/lib/cni")
+            .env("CNI_ARGS", pod.cni_args());
+        for (k, v) in env {
+            if v.is_empty() {
+                c.env_remove(k);
+            } else {
+                c.env(k, v);
+            }
+        }
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        finish(child, RUN_TIMEOUT)
+    };
+    let good = conf.to_string();
+    let e = error_of(&run_raw("{\"cniVersion\": \"1.0.0\", \"name\": ", &[]));
+    assert_eq!(e["code"], 6, "{e}");
+    assert!(e["msg"].as_str().unwrap().contains("not valid JSON"), "{e}");
+
+    let mut v = conf.clone();
+    v["cniVersion"] = json!("7.0.0");
+    let e = error_of(&run_raw(&v.to_string(), &[]));
+    assert_eq!(e["code"], 1, "{e}");
+    assert!(e["msg"].as_str().unwrap().contains("7.0.0"), "{e}");
+
+    let e = error_of(&run_raw(&good, &[("CNI_NETNS", "")]));
+    assert_eq!(e["code"], 4, "{e}");
+    assert!(e["msg"].as_str().unwrap().contains("CNI_NETNS"), "{e}");
+
+    let e = error_of(&run_raw(&good, &[("CNI_CONTAINERID", "")]));
+    assert_eq!(e["code"], 4, "{e}");
+    assert!(
+        e["msg"].as_str().unwrap().contains("CNI_CONTAINERID"),
+        "{e}"
+    );
+
+    let e = error_of(&run_raw(&good, &[("CNI_COMMAND", "ADDD")]));
+    assert_eq!(e["code"], 4, "{e}");
+    assert!(e["msg"].as_str().unwrap().contains("CNI_COMMAND"), "{e}");
+
+    let e = error_of(&run_raw(
+        &good,
+        &[(
+            "CNI_ARGS",
+            "K8S_POD_NAMESPACE=default;K8S_POD_NAME=bad-0;IP=10.86.0.300",
+        )],
+    ));
+    assert_eq!(e["code"], 4, "{e}");
+    assert!(e["msg"].as_str().unwrap().contains("10.86.0.300"), "{e}");
+
+    let mut v = conf.clone();
+    v["mtu"] = json!("big");
+    let e = error_of(&run_raw(&v.to_string(), &[]));
+    assert_eq!(e["code"], 7, "{e}");
+    assert!(e["msg"].as_str().unwrap().contains("mtu"), "{e}");
+
+    let e = error_of(&run_raw(
+        &good,
+        &[("CNI_NETNS", "/run/netns/mgy-does-not-exist")],
+    ));
+    assert_eq!(e["code"], 3, "{e}");
+
+    let mut v = conf.clone();
+    v["nodename_file"] = json!(node.dir.path().join("missing-nodename"));
+    let e = error_of(&run_raw(&v.to_string(), &[]));
+    assert_eq!(e["code"], 106, "{e}");
+    assert!(e["msg"].as_str().unwrap().contains("margay node"), "{e}");
+
+    // A static address outside every pool.
+    let e = error_of(&run_raw(
+        &good,
+        &[(
+            "CNI_ARGS",
+            "K8S_POD_NAMESPACE=default;K8S_POD_NAME=bad-0;IP=172.31.0.1",
+        )],
+    ));
+    assert_eq!(e["code"], 103, "{e}");
+
+    node.assert_clean();
+    assert!(!pod.ns.ip(&["-o", "link"]).unwrap().contains("eth0"));
+}
+
+#[test]
+fn static_ip_from_cni_args() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.87.0.0/24", 28)]);
+    let pod = node.pod("static-0");
+    let conf = node.conf(json!({}));
+    let o = node.run(
+        "ADD",
+        &pod,
+        &conf,
+        &[(
+            "CNI_ARGS",
+            "K8S_POD_NAMESPACE=default;K8S_POD_NAME=static-0;IP=10.87.0.77",
+        )],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(ips_of(&r), vec!["10.87.0.77".to_string()]);
+    // The same address for another pod is refused.
+    let other = node.pod("static-1");
+    let o = node.run(
+        "ADD",
+        &other,
+        &conf,
+        &[(
+            "CNI_ARGS",
+            "K8S_POD_NAMESPACE=default;K8S_POD_NAME=static-1;IP=10.87.0.77",
+        )],
+    );
+    let e = error_of(&o);
+    assert_eq!(e["code"], 103, "{e}");
+    assert!(
+        e["msg"].as_str().unwrap().contains("already allocated"),
+        "{e}"
+    );
+    node.del(&pod, &conf);
+    node.del(&other, &conf);
+    node.assert_clean();
+}
+
+#[test]
+fn ipam_plugin_installed_and_used_alone() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.88.0.0/24", 26)]);
+    let bin = node.dir.path().join("bin");
+    let mut c = Command::new(exe());
+    c.args(["cni", "install", "--dir", bin.to_str().unwrap()]);
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("installed"),
+        "{}",
+        show(&o)
+    );
+    let o = Command::new(exe())
+        .args(["cni", "install", "--dir", bin.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("up to date"),
+        "{}",
+        show(&o)
+    );
+    let ipam = bin.join("margay-ipam");
+    let pod = node.pod("ipam-0");
+    let conf = node.conf(json!({"type": "bridge"}));
+    let o = finish(node.spawn(&ipam, "ADD", &pod, &conf, &[]), RUN_TIMEOUT);
+    assert!(o.status.success(), "{}", show(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let addr = r["ips"][0]["address"].as_str().unwrap();
+    assert!(addr.starts_with("10.88.0.") && addr.ends_with("/26"), "{r}");
+    assert!(r.get("interfaces").is_none(), "{r}");
+    // No interfaces, no endpoint: only the address.
+    assert!(!node.host.ip(&["-o", "link"]).unwrap().contains("cali"));
+    let o = finish(node.spawn(&ipam, "DEL", &pod, &conf, &[]), RUN_TIMEOUT);
+    assert!(o.status.success(), "{}", show(&o));
+    node.assert_clean();
+    // VERSION through the installed name.
+    let o = finish(
+        node.spawn(&ipam, "VERSION", &pod, &json!({"cniVersion": "0.3.1"}), &[]),
+        RUN_TIMEOUT,
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cniVersion"], "0.3.1");
+    assert!(
+        v["supportedVersions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("1.1.0"))
+    );
+}
+
+#[test]
+fn gc_releases_attachments_the_runtime_no_longer_has() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.89.0.0/24", 28)]);
+    let conf = node.conf(json!({"cniVersion": "1.1.0"}));
+    let (keep, drop_) = (node.pod("keep-0"), node.pod("drop-0"));
+    node.add(&keep, &conf);
+    node.add(&drop_, &conf);
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": keep.id, "ifname": "eth0"}]);
+    let o = node.run(
+        "GC",
+        &keep,
+        &gc,
+        &[
+            ("CNI_CONTAINERID", ""),
+            ("CNI_IFNAME", ""),
+            ("CNI_NETNS", ""),
+        ],
+    );
+    assert!(o.status.success(), "{}", show(&o));
+    let (clean, out) = node.ipam_check();
+    assert!(clean, "{out}");
+    assert!(out.contains("IPAM blocks record 1 allocations"), "{out}");
+    let weps = node.ctl(&["get", "wep", "-A", "-o", "name"]);
+    let names = String::from_utf8_lossy(&weps.stdout);
+    assert!(names.contains("keep") && !names.contains("drop"), "{names}");
+    node.del(&keep, &conf);
+    node.del(&drop_, &conf);
+    node.assert_clean();
+}
+
+/// Chained after margay: the reference portmap and bandwidth plugins (Debian's
+/// containernetworking-plugins), with prevResult passed along as a runtime does.
+#[test]
+fn chained_with_portmap_and_bandwidth() {
+    if skip() {
+        return;
+    }
+    let plugins = Path::new("/usr/lib/cni");
+    if !plugins.join("portmap").exists() || !plugins.join("bandwidth").exists() {
+        eprintln!(
+            "skipped: /usr/lib/cni/portmap or bandwidth is missing (scripts/setup installs containernetworking-plugins)"
+        );
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.90.0.0/24", 28)]);
+    let pod = node.pod("chain-0");
+    let name = "k8s-pod-network";
+    let margay_conf = node.conf(json!({}));
+    let runtime = json!({
+        "portMappings": [{"hostPort": 18080, "containerPort": 80, "protocol": "tcp"}],
+        "bandwidth": {"ingressRate": 1000000, "ingressBurst": 100000, "egressRate": 1000000, "egressBurst": 100000}
+    });
+    let portmap = json!({"cniVersion": "1.0.0", "name": name, "type": "portmap",
+        "capabilities": {"portMappings": true}, "snat": true,
+        "runtimeConfig": {"portMappings": runtime["portMappings"]}});
+    let bandwidth = json!({"cniVersion": "1.0.0", "name": name, "type": "bandwidth",
+        "capabilities": {"bandwidth": true},
+        "runtimeConfig": {"bandwidth": runtime["bandwidth"]}});
+    let chain: Vec<(PathBuf, Value)> = vec![
+        (exe(), margay_conf),
+        (plugins.join("portmap"), portmap),
+        (plugins.join("bandwidth"), bandwidth),
+    ];
+    // portmap 1.1.1 (Debian 12) checks the IPv6 DNAT chain on CHECK even for an IPv4-only
+    // pod whenever ip6tables is usable, and then fails. Give it a PATH with iptables but
+    // without ip6tables, so it manages (and checks) IPv4 only, as it should.
+    let v4bin = node.dir.path().join("v4bin");
+    std::fs::create_dir_all(&v4bin).unwrap();
+    for tool in ["iptables", "iptables-save", "iptables-restore"] {
+        std::os::unix::fs::symlink(Path::new("/usr/sbin").join(tool), v4bin.join(tool)).unwrap();
+    }
+    let v4path = format!("{}:/usr/bin:/bin", v4bin.display());
+    let env_for = |program: &Path| -> Vec<(&'static str, String)> {
+        if program.ends_with("portmap") {
+            vec![("PATH", v4path.clone())]
+        } else {
+            Vec::new()
+        }
+    };
+    // ADD in order, each plugin getting the previous result.
+    let mut prev: Option<Value> = None;
+    for (program, conf) in &chain {
+        let mut c = conf.clone();
+        if let Some(p) = &prev {
+            c["prevResult"] = p.clone();
+        }
+        let env = env_for(program);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let o = finish(node.spawn(program, "ADD", &pod, &c, &env), RUN_TIMEOUT);
+        assert!(
+            o.status.success(),
+            "ADD {}: {}",
+            program.display(),
+            show(&o)
+        );
+        prev = Some(serde_json::from_slice(&o.stdout).unwrap());
+    }
+    let result = prev.unwrap();
+    assert_eq!(ips_of(&result).len(), 1, "{result}");
+    // The bandwidth plugin shaped the host side (it found it through the result).
+    let host_veth = result["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let q = node
+        .host
+        .exec("tc")
+        .args(["qdisc", "show", "dev", &host_veth])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&q.stdout).contains("tbf"),
+        "{}",
+        show(&q)
+    );
+    // CHECK in order with the final result.
+    for (program, conf) in &chain {
+        let mut c = conf.clone();
+        c["prevResult"] = result.clone();
+        let env = env_for(program);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let o = finish(node.spawn(program, "CHECK", &pod, &c, &env), RUN_TIMEOUT);
+        assert!(
+            o.status.success(),
+            "CHECK {}: {}",
+            program.display(),
+            show(&o)
+        );
+    }
+    // DEL in reverse order.
+    for (program, conf) in chain.iter().rev() {
+        let mut c = conf.clone();
+        c["prevResult"] = result.clone();
+        let env = env_for(program);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let o = finish(node.spawn(program, "DEL", &pod, &c, &env), RUN_TIMEOUT);
+        assert!(
+            o.status.success(),
+            "DEL {}: {}",
+            program.display(),
+            show(&o)
+        );
+    }
+    node.assert_clean();
+}
+
+/// A storm: 100 ADDs for 100 pods started at once on one node, then 100 DELs at once. All
+/// succeed well within their time limit, with 100 different addresses.
+#[test]
+fn a_hundred_simultaneous_adds() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.91.0.0/24", 26)]);
+    let conf = node.conf(json!({"log_level": "warn"}));
+    let pods: Vec<Pod> = (0..100).map(|i| node.pod(&format!("storm-{i}"))).collect();
+    let started = Instant::now();
+    let children: Vec<Child> = pods
+        .iter()
+        .map(|p| node.spawn(&exe(), "ADD", p, &conf, &[]))
+        .collect();
+    let mut ips = std::collections::BTreeSet::new();
+    for c in children {
+        let o = finish(c, RUN_TIMEOUT);
+        assert!(o.status.success(), "{}", show(&o));
+        let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+        ips.insert(ips_of(&r).remove(0));
+    }
+    let took = started.elapsed();
+    eprintln!("100 simultaneous ADDs took {took:?}");
+    assert_eq!(ips.len(), 100);
+    let (clean, out) = node.ipam_check();
+    assert!(clean, "{out}");
+    let children: Vec<Child> = pods
+        .iter()
+        .map(|p| node.spawn(&exe(), "DEL", p, &conf, &[]))
+        .collect();
+    for c in children {
+        let o = finish(c, RUN_TIMEOUT);
+        assert!(o.status.success(), "{}", show(&o));
+    }
+    node.assert_clean();
+}
