@@ -171,6 +171,14 @@ fn main() {
         );
     }
 
+    // Refresh (read-back and compare) cost, with nothing to repair.
+    let t = Instant::now();
+    let repaired = driver.refresh(&model).unwrap();
+    println!(
+        "refresh (read back and compare): {:.3} s, repaired: {repaired}",
+        t.elapsed().as_secs_f64()
+    );
+
     // What does nft itself cost on a table this size?
     let runner = NftRunner {
         netns: Some(ns.name().to_string()),
@@ -179,6 +187,9 @@ fn main() {
     for (what, script) in [
         ("no-op", "add table inet margay\n".to_string()),
         ("one small chain", "add table inet margay\nadd chain inet margay probe\nflush chain inet margay probe\nadd rule inet margay probe accept\n".to_string()),
+        ("one chain with a set reference", "add table inet margay\nadd chain inet margay probe2\nadd rule inet margay probe2 ip saddr @all-pools-4 accept\n".to_string()),
+        ("declare a new set", "add set inet margay probe-set { type ipv4_addr; flags interval; }\n".to_string()),
+        ("delete a chain", "delete chain inet margay probe2\n".to_string()),
         ("one set element", "add element inet margay all-pools-4 { 10.99.0.0/16 }\n".to_string()),
         ("one non-interval set element", "add element inet margay wl-ifaces { \"calizzz\" }\n".to_string()),
         ("delete one set element", "delete element inet margay all-pools-4 { 10.99.0.0/16 }\n".to_string()),
@@ -188,14 +199,6 @@ fn main() {
         runner.apply(&script).unwrap();
         println!("nft -f on this table, {what}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
     }
-
-    // Refresh (read-back and compare) cost, with nothing to repair.
-    let t = Instant::now();
-    let repaired = driver.refresh(&model).unwrap();
-    println!(
-        "refresh (read back and compare): {:.3} s, repaired: {repaired}",
-        t.elapsed().as_secs_f64()
-    );
 
     let mut lat = Vec::new();
     for c in 0..changes {

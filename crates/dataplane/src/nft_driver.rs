@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use margay_calc::{DataplaneModel, Message};
 use serde::Serialize;
 
+use crate::nft::diff::{Plan, plan};
 use crate::nft::{
     EndpointChains, Fingerprint, NftConfig, NftError, NftRunner, Renderer, TxStats, fingerprint,
-    transaction,
 };
 use crate::{DataplaneError, EndpointStatus, StatusUpdate};
 
@@ -114,13 +114,11 @@ impl NftDriver {
             None => self.observe()?,
         };
         let observed = started.elapsed();
-        let (script, tx) = transaction(&self.cfg.nft.table, &from, &desired);
+        let plan = plan(&self.cfg.nft.table, &from, &desired);
+        let tx = plan.stats;
+        let wrote = !plan.is_empty();
         let diffed = started.elapsed();
-        let result = if script.is_empty() {
-            Ok(())
-        } else {
-            self.cfg.runner.apply(&script)
-        };
+        let result = self.execute(&plan);
         let mut stats = self.stats.lock();
         stats.last_render_seconds = rendered.as_secs_f64();
         stats.last_observe_seconds = (observed - rendered).as_secs_f64();
@@ -130,7 +128,7 @@ impl NftDriver {
             Ok(()) => {
                 self.programmed = Some(Fingerprint::of(&desired));
                 self.dirty = false;
-                if !script.is_empty() {
+                if wrote {
                     stats.transactions += 1;
                 }
                 stats.last_apply_seconds = started.elapsed().as_secs_f64();
@@ -147,7 +145,8 @@ impl NftDriver {
                 Ok(tx)
             }
             Err(e) => {
-                // The transaction was rolled back as a whole; read the kernel again next time.
+                // The failing step was rolled back (earlier ones stand): read the kernel again
+                // before the next write.
                 self.programmed = None;
                 stats.failed_transactions += 1;
                 stats.last_error = Some(e.to_string());
@@ -158,6 +157,31 @@ impl NftDriver {
                 })
             }
         }
+    }
+
+    /// Carries out a plan: nft for declarations and chains, netlink for elements.
+    fn execute(&self, plan: &Plan) -> Result<(), String> {
+        let table = &self.cfg.nft.table;
+        let runner = &self.cfg.runner;
+        if let Some(text) = &plan.full_replacement {
+            return runner.apply(text).map_err(|e| e.to_string());
+        }
+        if !plan.declare.is_empty() {
+            runner.apply(&plan.declare).map_err(|e| e.to_string())?;
+        }
+        runner
+            .apply_elements(table, &plan.elements_before)
+            .map_err(|e| e.to_string())?;
+        if !plan.chains.is_empty() {
+            runner.apply(&plan.chains).map_err(|e| e.to_string())?;
+        }
+        runner
+            .apply_elements(table, &plan.elements_after)
+            .map_err(|e| e.to_string())?;
+        if !plan.cleanup.is_empty() {
+            runner.apply(&plan.cleanup).map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 
     fn observe(&self) -> Result<Fingerprint, DataplaneError> {

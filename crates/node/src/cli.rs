@@ -37,6 +37,18 @@ pub enum NodeCommand {
   # A fixed address and AS number, VXLAN pools.
   IP=10.0.0.5/24 AS=64512 CALICO_IPV4POOL_VXLAN=Always margay node startup")]
     Startup(StartupArgs),
+    /// Allocate this node's VXLAN tunnel addresses from IPAM and record them on its Node
+    /// (calico-node -allocate-tunnel-addrs, one shot).
+    ///
+    /// With an IP pool using VXLAN (vxlanMode Always or CrossSubnet) the node gets an address
+    /// from it (IPAM handle vxlan-tunnel-addr-<node>), kept on later runs; with none, the
+    /// address is released. Start-up runs this step too. The node name comes from NODENAME,
+    /// the node name file or the hostname, as for start-up; the datastore from the usual
+    /// variables. Exits 0 when done, 1 with what to fix otherwise.
+    #[command(after_help = "Example:
+  NODENAME=node-1 DATASTORE_TYPE=etcdv3 ETCD_ENDPOINTS=http://10.0.0.1:2379 \\
+    margay node allocate-tunnel-addrs")]
+    AllocateTunnelAddrs(AllocateArgs),
     /// Check the node's health for Kubernetes probes (calico-node -felix-live -felix-ready).
     ///
     /// Asks Felix's health endpoint (FELIX_HEALTHHOST:FELIX_HEALTHPORT, default
@@ -54,6 +66,13 @@ pub struct StartupArgs {
     /// With WAIT_FOR_DATASTORE=true, give up after this many seconds (default: wait forever).
     #[arg(long, value_name = "SECONDS")]
     pub wait_timeout: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct AllocateArgs {
+    /// Directory under which calico-node's default paths (the node name file) are used.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -98,6 +117,7 @@ pub fn run_node(args: NodeArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 
     let get = |k: &str| std::env::var(k).ok();
     let result = match args.command {
         NodeCommand::Startup(a) => startup(&a, &get, out),
+        NodeCommand::AllocateTunnelAddrs(a) => allocate_tunnel_addrs(&a, &get, out),
         NodeCommand::Health(a) => {
             let checks = HealthChecks {
                 felix_live: a.felix_live,
@@ -156,9 +176,13 @@ fn startup(
             .map_err(|e| e.to_string())
     })?;
     let addr = |a: &Option<String>| a.clone().unwrap_or_else(|| "-".into());
+    let tunnel = match (outcome.tunnel.ipv4, outcome.tunnel.ipv6) {
+        (None, None) => String::new(),
+        (v4, v6) => format!("; VXLAN tunnel {}", tunnel_addrs(v4, v6)),
+    };
     writeln!(
         out,
-        "node {:?} registered in {} ms: IPv4 {}, IPv6 {}, node {}{}",
+        "node {:?} registered in {} ms: IPv4 {}, IPv6 {}, node {}{}{tunnel}",
         outcome.node_name,
         started.elapsed().as_millis(),
         addr(&outcome.ipv4),
@@ -172,6 +196,61 @@ fn startup(
             String::new()
         } else {
             format!("; created {}", outcome.created.join(", "))
+        }
+    )
+    .map_err(|e| e.to_string())
+}
+
+fn tunnel_addrs(v4: Option<std::net::IpAddr>, v6: Option<std::net::IpAddr>) -> String {
+    let show = |a: Option<std::net::IpAddr>| a.map_or_else(|| "-".to_string(), |a| a.to_string());
+    format!("IPv4 {}, IPv6 {}", show(v4), show(v6))
+}
+
+fn allocate_tunnel_addrs(
+    a: &AllocateArgs,
+    get: &dyn Fn(&str) -> Option<String>,
+    out: &mut dyn Write,
+) -> Result<(), String> {
+    let cfg = StartupConfig::from_lookup(get).map_err(|e| e.to_string())?;
+    let paths = Paths::new(&a.root);
+    let (name, _) =
+        node_name(get, &paths.nodename_file(&cfg), &kernel_hostname).map_err(|e| e.to_string())?;
+    let ds = DatastoreConfig::from_env().map_err(|e| format!("datastore configuration: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let outcome = rt.block_on(async {
+        let backend = ds
+            .connect()
+            .await
+            .map_err(|e| format!("{} ({})", e, ds.describe()))?;
+        let client = Client::new(backend.clone());
+        let ipam = margay_ipam::Ipam::new(backend);
+        crate::tunnel::allocate_tunnel_addrs(&client, &ipam, &name)
+            .await
+            .map_err(|e| e.to_string())
+    })?;
+    let mut what = Vec::new();
+    if !outcome.assigned.is_empty() {
+        what.push(format!("assigned {:?}", outcome.assigned));
+    }
+    if !outcome.released.is_empty() {
+        what.push(format!("released {:?}", outcome.released));
+    }
+    writeln!(
+        out,
+        "node {name:?}: VXLAN tunnel {}; node {}{}",
+        tunnel_addrs(outcome.ipv4, outcome.ipv6),
+        if outcome.node_written {
+            "written"
+        } else {
+            "unchanged"
+        },
+        if what.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", what.join(", "))
         }
     )
     .map_err(|e| e.to_string())

@@ -7,3 +7,4 @@ pub mod config;
 pub mod health;
 pub mod netlink;
 pub mod startup;
+pub mod tunnel;

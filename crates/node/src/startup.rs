@@ -3,6 +3,7 @@
 //! Order (Calico's): node name → datastore (optionally waiting for it) → read or build the
 //! Node → addresses (given or autodetected) and conflict check → AS number → node reference
 //! → create or update the Node (compare-and-swap, retried) → directories → default IP pools →
+//! VXLAN tunnel addresses (calico-node's allocate-tunnel-addrs, see [`crate::tunnel`]) →
 //! default cluster configuration → node name file. Every step only writes what is missing or
 //! changed, so running start-up twice changes nothing the second time.
 
@@ -41,6 +42,8 @@ pub enum StartupError {
     Conflict(String),
     #[error("{path}: {error} (run as root, or use --root to place margay's directories elsewhere)")]
     Filesystem { path: PathBuf, error: String },
+    #[error(transparent)]
+    Tunnel(#[from] crate::tunnel::TunnelError),
     #[error("default IPv{version} pool: {var}: {message}")]
     Pool {
         version: u8,
@@ -160,6 +163,8 @@ pub struct Outcome {
     pub created: Vec<String>,
     /// Why each address was chosen.
     pub decisions: Vec<String>,
+    /// The VXLAN tunnel address step.
+    pub tunnel: crate::tunnel::TunnelOutcome,
 }
 
 /// Options that are not Calico settings.
@@ -199,7 +204,7 @@ impl NetView for NetSnapshot {
 const WRITE_ATTEMPTS: usize = 5;
 
 /// Runs start-up for `node_name` against `client`.
-pub async fn run<B: KvBackend>(
+pub async fn run<B: KvBackend + Clone>(
     cfg: &StartupConfig,
     node_name: &str,
     client: &Client<B>,
@@ -217,6 +222,8 @@ pub async fn run<B: KvBackend>(
     register_node(cfg, node_name, client, net, &mut outcome).await?;
     ensure_directories(cfg, paths)?;
     ensure_pools(cfg, client, net, opts, &mut outcome).await?;
+    let ipam = margay_ipam::Ipam::new(client.backend().clone());
+    outcome.tunnel = crate::tunnel::allocate_tunnel_addrs(client, &ipam, node_name).await?;
     ensure_defaults(cfg, node_name, client, opts, &mut outcome).await?;
     let file = paths.nodename_file(cfg);
     if let Some(dir) = file.parent() {

@@ -210,6 +210,35 @@ async fn explicit_addresses_as_number_and_node_ref() {
 }
 
 #[tokio::test]
+async fn a_vxlan_pool_gives_the_node_a_tunnel_address_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    let env = Env::new(&[
+        ("CALICO_IPV4POOL_CIDR", "10.244.0.0/16"),
+        ("CALICO_IPV4POOL_VXLAN", "Always"),
+    ]);
+    let out = start(&client, dir.path(), &env, "node-a", &host())
+        .await
+        .unwrap();
+    let ip = out.tunnel.ipv4.unwrap();
+    assert!(Cidr::parse("10.244.0.0/16").unwrap().contains(ip));
+    let n = node(&client, "node-a").await;
+    assert_eq!(n.spec.ipv4_vxlan_tunnel_addr, ip.to_string());
+    assert_eq!(
+        n.spec.vxlan_tunnel_mac_addr,
+        margay_calc::vxlan_mac_for_node("node-a")
+    );
+    // A second start-up keeps the address and writes nothing.
+    let before = versions(&client).await;
+    let again = start(&client, dir.path(), &env, "node-a", &host())
+        .await
+        .unwrap();
+    assert_eq!(again.tunnel.ipv4, Some(ip));
+    assert!(again.tunnel.assigned.is_empty() && !again.tunnel.node_written);
+    assert_eq!(versions(&client).await, before);
+}
+
+#[tokio::test]
 async fn address_conflict_names_both_nodes_and_clears_the_autodetected_address() {
     let dir = tempfile::tempdir().unwrap();
     let client = Client::new(MemBackend::new());

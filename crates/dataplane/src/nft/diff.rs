@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+use crate::nft::elements::{ElemType, ElementChange};
 use crate::nft::observe::base_key;
 use crate::nft::render::{NftState, rule_line};
 
@@ -219,6 +220,211 @@ pub fn transaction(table: &str, from: &Fingerprint, to: &NftState) -> (String, T
     (out, stats)
 }
 
+/// The interface set workload dispatch checks first; see [`plan`] for its ordering.
+const WL_IFACES: &str = crate::nft::render::SET_WL_IFACES;
+
+/// A change in five steps, for element changes written over nfnetlink (see
+/// `nft::elements`): nft text for declarations and chains, netlink for elements.
+///
+/// Order keeps every intermediate state fail-closed: sets exist and hold their members before
+/// any rule uses them; an endpoint's chains and dispatch entries exist before its interface is
+/// known (unknown interfaces are dropped), and its interface is forgotten before they go.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// nft: the table, new sets and maps.
+    pub declare: String,
+    /// netlink: set element removals and additions (interface removals included).
+    pub elements_before: Vec<ElementChange>,
+    /// nft: new chains, rewritten chains.
+    pub chains: String,
+    /// netlink: dispatch-map changes, then interface additions.
+    pub elements_after: Vec<ElementChange>,
+    /// nft: chains, sets and maps nobody wants any more.
+    pub cleanup: String,
+    /// A set changed type: replace the table in one text transaction instead.
+    pub full_replacement: Option<String>,
+    pub stats: TxStats,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.full_replacement.is_none()
+            && self.declare.is_empty()
+            && self.chains.is_empty()
+            && self.cleanup.is_empty()
+            && self
+                .elements_before
+                .iter()
+                .chain(&self.elements_after)
+                .all(|c| c.add.is_empty() && c.delete.is_empty())
+    }
+}
+
+fn elem_change(
+    name: &str,
+    decl: &str,
+    add: Vec<(String, Option<String>)>,
+    delete: Vec<(String, Option<String>)>,
+) -> Option<ElementChange> {
+    if add.is_empty() && delete.is_empty() {
+        return None;
+    }
+    Some(ElementChange {
+        set: name.to_string(),
+        kind: ElemType::of_decl(decl).unwrap_or(ElemType::Addr),
+        add,
+        delete,
+    })
+}
+
+/// Plans the change from `from` to `to`.
+pub fn plan(table: &str, from: &Fingerprint, to: &NftState) -> Plan {
+    let mut p = Plan::default();
+    let retyped = to.sets.iter().any(
+        |(name, set)| matches!(from.sets.get(name), Some((Some(decl), _)) if *decl != set.decl),
+    ) || to
+        .sets
+        .values()
+        .any(|s| ElemType::of_decl(&s.decl).is_none())
+        || to
+            .maps
+            .values()
+            .any(|m| ElemType::of_decl(&m.decl).is_none());
+    if retyped {
+        let (text, stats) = transaction(table, from, to);
+        p.full_replacement = Some(text);
+        p.stats = stats;
+        return p;
+    }
+    let stats = &mut p.stats;
+    // 1. Declarations.
+    let mut declare = String::new();
+    for (name, set) in &to.sets {
+        if !from.sets.contains_key(name) {
+            let _ = writeln!(declare, "add set inet {table} {name} {{ {} }}", set.decl);
+            stats.sets_created += 1;
+        }
+    }
+    for (name, map) in &to.maps {
+        if !from.maps.contains_key(name) {
+            let _ = writeln!(declare, "add map inet {table} {name} {{ {} }}", map.decl);
+            stats.sets_created += 1;
+        }
+    }
+    if !declare.is_empty() || !from.table_exists {
+        p.declare = format!("add table inet {table}\n{declare}");
+    }
+    // 2. Set elements (the interface set: removals only here).
+    let mut iface_adds = None;
+    for (name, set) in &to.sets {
+        let empty = BTreeSet::new();
+        let have = from.sets.get(name).map_or(&empty, |(_, e)| e);
+        let delete: Vec<(String, Option<String>)> = have
+            .difference(&set.elements)
+            .map(|e| (e.clone(), None))
+            .collect();
+        let add: Vec<(String, Option<String>)> = set
+            .elements
+            .difference(have)
+            .map(|e| (e.clone(), None))
+            .collect();
+        stats.elements_removed += delete.len();
+        stats.elements_added += add.len();
+        if name == WL_IFACES {
+            iface_adds = elem_change(name, &set.decl, add, Vec::new());
+            p.elements_before
+                .extend(elem_change(name, &set.decl, Vec::new(), delete));
+        } else {
+            p.elements_before
+                .extend(elem_change(name, &set.decl, add, delete));
+        }
+    }
+    // 3. Chains.
+    let mut chains = String::new();
+    for (name, chain) in &to.chains {
+        if !from.chains.contains_key(name) {
+            match &chain.base {
+                Some(base) => {
+                    let _ = writeln!(chains, "add chain inet {table} {name} {{ {base} }}");
+                }
+                None => {
+                    let _ = writeln!(chains, "add chain inet {table} {name}");
+                }
+            }
+        } else if let (Some(base), Some((old_base, _))) = (&chain.base, from.chains.get(name))
+            && old_base.as_deref() != Some(base_key(base).as_str())
+        {
+            let _ = writeln!(chains, "add chain inet {table} {name} {{ {base} }}");
+        }
+    }
+    for (name, chain) in &to.chains {
+        let same = from
+            .chains
+            .get(name)
+            .is_some_and(|(_, old)| old.iter().eq(chain.rules.iter().map(|r| &r.hash)));
+        if same {
+            continue;
+        }
+        if from.chains.contains_key(name) {
+            let _ = writeln!(chains, "flush chain inet {table} {name}");
+        }
+        for r in &chain.rules {
+            chains.push_str(&rule_line(table, name, r));
+            chains.push('\n');
+        }
+        stats.chains_written += 1;
+        stats.rules_written += chain.rules.len();
+    }
+    if !chains.is_empty() {
+        p.chains = format!("add table inet {table}\n{chains}");
+    }
+    // 4. Dispatch maps, then the interfaces they dispatch.
+    for (name, map) in &to.maps {
+        let empty = BTreeMap::new();
+        let have = from.maps.get(name).unwrap_or(&empty);
+        let delete: Vec<(String, Option<String>)> = have
+            .iter()
+            .filter(|(k, v)| map.elements.get(*k) != Some(*v))
+            .map(|(k, v)| (k.clone(), Some(v.clone())))
+            .collect();
+        let add: Vec<(String, Option<String>)> = map
+            .elements
+            .iter()
+            .filter(|(k, v)| have.get(*k) != Some(*v))
+            .map(|(k, v)| (k.clone(), Some(v.clone())))
+            .collect();
+        stats.elements_removed += delete.len();
+        stats.elements_added += add.len();
+        p.elements_after
+            .extend(elem_change(name, &map.decl, add, delete));
+    }
+    p.elements_after.extend(iface_adds);
+    // 5. Clean-up.
+    let mut cleanup = String::new();
+    let doomed: Vec<&String> = from
+        .chains
+        .keys()
+        .filter(|k| !to.chains.contains_key(*k))
+        .collect();
+    for name in &doomed {
+        let _ = writeln!(cleanup, "flush chain inet {table} {name}");
+    }
+    for name in &doomed {
+        let _ = writeln!(cleanup, "delete chain inet {table} {name}");
+        stats.chains_deleted += 1;
+    }
+    for name in from.sets.keys().filter(|k| !to.sets.contains_key(*k)) {
+        let _ = writeln!(cleanup, "delete set inet {table} {name}");
+        stats.sets_deleted += 1;
+    }
+    for name in from.maps.keys().filter(|k| !to.maps.contains_key(*k)) {
+        let _ = writeln!(cleanup, "delete map inet {table} {name}");
+        stats.sets_deleted += 1;
+    }
+    p.cleanup = cleanup;
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +494,50 @@ mod tests {
         assert!(flush < delete);
         assert!(tx.contains("delete set inet margay s4-a"));
         assert_eq!(stats.chains_deleted, 2);
+    }
+
+    #[test]
+    fn plans_keep_interfaces_unknown_until_their_dispatch_exists() {
+        let old = state(&["drop"], &["10.0.0.1"]);
+        let mut new = old.clone();
+        new.maps
+            .get_mut("wl-ingress")
+            .unwrap()
+            .elements
+            .insert("\"cali2\"".into(), "jump tw-cali2".into());
+        new.chains.insert(
+            "tw-cali2".into(),
+            ChainSpec {
+                base: None,
+                rules: vec![NftRule::new("drop".into())],
+            },
+        );
+        new.sets.insert(
+            WL_IFACES.into(),
+            SetSpec {
+                decl: "type ifname;".into(),
+                elements: BTreeSet::from(["\"cali2\"".to_string()]),
+            },
+        );
+        let mut old = old;
+        old.sets.insert(
+            WL_IFACES.into(),
+            SetSpec {
+                decl: "type ifname;".into(),
+                elements: BTreeSet::new(),
+            },
+        );
+        let p = plan("margay", &Fingerprint::of(&old), &new);
+        assert!(p.chains.contains("add chain inet margay tw-cali2"));
+        assert!(
+            p.elements_before
+                .iter()
+                .all(|c| c.add.is_empty() || c.set != WL_IFACES)
+        );
+        let after: Vec<&str> = p.elements_after.iter().map(|c| c.set.as_str()).collect();
+        assert_eq!(after, vec!["wl-ingress", WL_IFACES]);
+        assert!(p.cleanup.is_empty());
+        assert!(plan("margay", &Fingerprint::of(&new), &new).is_empty());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! running `nft`.
 
 pub mod diff;
+pub mod elements;
 pub mod observe;
 pub mod render;
 
