@@ -1,25 +1,33 @@
-//! The Linux dataplane driver: nftables policy (and, as they land, routes and VXLAN) kept
-//! equal to the calculation graph's messages.
+//! The Linux dataplane driver: nftables policy, routes and VXLAN kept equal to the calculation
+//! graph's messages.
 //!
 //! Each batch goes into the model first (no kernel access, contract checked); the kernel is
 //! written once per batch, and only after `InSync`. A failed write is retried by
 //! [`DataplaneDriver::housekeeping`], which also runs the periodic drift refresh.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use margay_calc::Message;
 
+use crate::linux::routing::{Routing, RoutingConfig};
 use crate::nft_driver::{NftDriver, NftDriverConfig, NftStatsHandle};
 use crate::{DataplaneDriver, DataplaneError, Recording, StatusUpdate};
 
 #[derive(Debug, Clone)]
 pub struct LinuxDriverConfig {
     pub nft: NftDriverConfig,
+    /// Routes and VXLAN (None: policy only).
+    pub routing: Option<RoutingConfig>,
+    /// How often routes, VXLAN device and neighbours are re-applied to repair drift (0: never).
+    pub route_refresh_interval: Duration,
 }
 
 pub struct LinuxDriver {
     state: Recording,
     nft: NftDriver,
+    routing: Option<Routing>,
+    route_refresh_interval: Duration,
+    last_route_refresh: Instant,
     /// `InSync` arrived but the kernel write it needs has not succeeded yet.
     in_sync_pending: bool,
     in_sync_reported: bool,
@@ -33,6 +41,9 @@ impl LinuxDriver {
             LinuxDriver {
                 state: state.clone(),
                 nft,
+                routing: cfg.routing.map(Routing::new),
+                route_refresh_interval: cfg.route_refresh_interval,
+                last_route_refresh: Instant::now(),
                 in_sync_pending: false,
                 in_sync_reported: false,
             },
@@ -55,6 +66,30 @@ impl LinuxDriver {
         }
         Ok(out)
     }
+
+    /// Programs routes and VXLAN when something changed (or `force`, for the refresh).
+    fn write_routes(&mut self, force: bool) {
+        let Some(routing) = &mut self.routing else {
+            return;
+        };
+        if !force && !routing.needs_apply() {
+            return;
+        }
+        match routing.apply() {
+            Ok(report) => {
+                for e in &report.errors {
+                    tracing::warn!(error = %e, "routing: will retry");
+                }
+                if !report.routes.missing_interfaces.is_empty() {
+                    tracing::debug!(
+                        interfaces = ?report.routes.missing_interfaces,
+                        "routes wait for workload interfaces that do not exist yet"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "programming routes failed; will retry"),
+        }
+    }
 }
 
 impl DataplaneDriver for LinuxDriver {
@@ -74,7 +109,13 @@ impl DataplaneDriver for LinuxDriver {
         if !batch.is_empty() {
             self.nft.mark_dirty();
         }
-        let mut status = self.write()?;
+        if let Some(r) = &mut self.routing {
+            r.on_messages(batch);
+        }
+        // Policy first, then routes: a new workload is reachable only once its policy is in.
+        let written = self.write();
+        self.write_routes(false);
+        let mut status = written?;
         status.extend(self.nft.endpoint_statuses(batch));
         Ok(status)
     }
@@ -84,6 +125,13 @@ impl DataplaneDriver for LinuxDriver {
         if self.nft.is_dirty() {
             out.extend(self.write()?);
         }
+        let now = Instant::now();
+        let refresh = !self.route_refresh_interval.is_zero()
+            && now.duration_since(self.last_route_refresh) >= self.route_refresh_interval;
+        if refresh {
+            self.last_route_refresh = now;
+        }
+        self.write_routes(refresh);
         let st = self.state.lock();
         self.nft.refresh_if_due(&st.model, Instant::now())?;
         Ok(out)

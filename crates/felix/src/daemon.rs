@@ -237,8 +237,10 @@ type DriverParts = (
 fn make_driver(
     env: &BTreeMap<String, String>,
     config: &margay_felix_config::Config,
+    hostname: &str,
     encap: Encap,
 ) -> Result<DriverParts, StartError> {
+    use margay_dataplane::linux::routing::RoutingConfig;
     use margay_dataplane::linux_driver::{LinuxDriver, LinuxDriverConfig};
     use margay_dataplane::nft::{EndpointToHostAction, NftConfig, NftRunner};
     use margay_dataplane::nft_driver::NftDriverConfig;
@@ -299,12 +301,22 @@ fn make_driver(
                     .then(|| u16::try_from(config.vxlan_port).unwrap_or(4789)),
                 log_prefix: "calico-packet".into(),
             };
+            let mut routing = RoutingConfig::new(hostname);
+            routing.ipv6 = config.ipv6_support;
+            routing.vxlan.vni = u32::try_from(config.vxlan_vni).unwrap_or(4096);
+            routing.vxlan.port = u16::try_from(config.vxlan_port).unwrap_or(4789);
+            routing.vxlan.mtu = u32::try_from(config.vxlan_mtu).unwrap_or(0);
+            routing.vxlan_v6.vni = routing.vxlan.vni;
+            routing.vxlan_v6.port = routing.vxlan.port;
+            routing.vxlan_v6.mtu = u32::try_from(config.vxlan_mtu_v6).unwrap_or(0);
             let (driver, recording, stats) = LinuxDriver::new(LinuxDriverConfig {
                 nft: NftDriverConfig {
                     nft,
                     runner: NftRunner::default(),
                     refresh_interval: config.nftables_refresh_interval,
                 },
+                routing: Some(routing),
+                route_refresh_interval: config.route_refresh_interval,
             });
             tracing::info!(
                 driver = driver.name(),
@@ -793,7 +805,7 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
     }
 
     // The dataplane driver.
-    let (driver, recording, nft_stats) = make_driver(&opts.env, &config, encap.startup)?;
+    let (driver, recording, nft_stats) = make_driver(&opts.env, &config, &hostname, encap.startup)?;
     let driver_name = driver.name();
     health.register(
         INTERNAL_DATAPLANE,

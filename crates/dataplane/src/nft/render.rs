@@ -711,9 +711,10 @@ fn base_chains(st: &mut NftState, cfg: &NftConfig, masquerade: bool) {
             .map(|p| format!("{dir} \"{p}*\""))
             .collect()
     };
+    // Established flows first: it is the one rule most packets evaluate.
     let mut forward = vec![
-        "ct state invalid drop".to_string(),
         "ct state established,related accept".to_string(),
+        "ct state invalid drop".to_string(),
     ];
     for m in wl_match("iifname") {
         forward.push(format!("{m} jump from-wl"));

@@ -1,0 +1,311 @@
+//! Datapath cost of margay's policy (needs root; everything in throw-away namespaces).
+//!
+//! `cargo run --release -p margay-dataplane --example datapath_bench -- [--policies 1000]
+//!  [--members 10000] [--secs 5]`
+//!
+//! Two pods behind a node namespace, wired as the CNI plugin wires them. Measures pod-to-pod
+//! TCP throughput (iperf3) and TCP connection rate, first with no margay table, then with
+//! `--policies` policies applying to the two pods (their allow rule last) and `--members`
+//! IP-set members programmed.
+//!
+//! Internal: `--connect-loop ADDR SECS` (run inside the client pod) opens and closes TCP
+//! connections for SECS seconds and prints how many succeeded.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use margay_api::endpoint::WorkloadEndpointSpec;
+use margay_api::numorstring::{Port, Protocol};
+use margay_api::policy::{Action, EntityRule, GlobalNetworkPolicySpec, ProfileSpec, Rule};
+use margay_api::{GlobalNetworkPolicy, ObjectMeta, Profile, Resource, WorkloadEndpoint};
+use margay_calc::{CalcConfig, CalcGraph, DataplaneModel};
+use margay_dataplane::nft::{NftConfig, NftRunner};
+use margay_dataplane::nft_driver::{NftDriver, NftDriverConfig};
+use margay_testkit::netns::Netns;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Kill(Vec<Child>);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn connect_loop(addr: &str, secs: u64) {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut ok = 0u64;
+    while Instant::now() < end {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok() {
+            ok += 1;
+        }
+    }
+    println!("{ok}");
+}
+
+fn accept_loop(port: u16) {
+    let listener = std::net::TcpListener::bind(("0.0.0.0", port)).unwrap();
+    for conn in listener.incoming() {
+        drop(conn);
+    }
+}
+
+fn wep(name: &str, node: &str, ip: &str, iface: &str, app: &str, role: &str) -> Resource {
+    let mut meta = ObjectMeta::namespaced("default", format!("{node}-k8s-{name}-eth0"));
+    meta.labels = BTreeMap::from([
+        ("app".to_string(), app.to_string()),
+        ("role".to_string(), role.to_string()),
+    ]);
+    Resource::from(WorkloadEndpoint::new(
+        meta,
+        WorkloadEndpointSpec {
+            orchestrator: "k8s".into(),
+            node: node.into(),
+            pod: name.into(),
+            endpoint: "eth0".into(),
+            interface_name: iface.into(),
+            ip_networks: vec![format!("{ip}/32")],
+            profiles: vec!["kns.default".into()],
+            ..WorkloadEndpointSpec::default()
+        },
+    ))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--accept-loop") {
+        accept_loop(args[i + 1].parse().unwrap());
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--connect-loop") {
+        connect_loop(&args[i + 1], args[i + 2].parse().unwrap());
+        return;
+    }
+    let policies = arg("--policies", 1000);
+    let members = arg("--members", 10_000);
+    let secs = arg("--secs", 5) as u64;
+
+    let node = Netns::new("dp-node").expect("a namespace (run as root)");
+    node.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    node.add_veth("uplink0", "uplink1", &["192.0.2.1/24"])
+        .unwrap();
+    node.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "192.0.2.254",
+        "dev",
+        "uplink0",
+    ])
+    .unwrap();
+    let mut pods = Vec::new();
+    for (name, ip, iface) in [
+        ("a", "10.65.0.1", "calibencha0"),
+        ("b", "10.65.0.2", "calibenchb0"),
+    ] {
+        let ns = Netns::new(&format!("dp-{name}")).unwrap();
+        node.link_to(iface, &ns, "eth0").unwrap();
+        ns.add_addr("eth0", &format!("{ip}/32")).unwrap();
+        ns.set_up("eth0").unwrap();
+        ns.ip(&[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ])
+        .unwrap();
+        ns.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+        ])
+        .unwrap();
+        node.set_up(iface).unwrap();
+        node.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1")
+            .unwrap();
+        node.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0")
+            .unwrap();
+        node.ip(&[
+            "route",
+            "add",
+            &format!("{ip}/32"),
+            "dev",
+            iface,
+            "scope",
+            "link",
+        ])
+        .unwrap();
+        pods.push(ns);
+    }
+    let mut servers = Kill(Vec::new());
+    servers.0.push(
+        pods[1]
+            .exec("iperf3")
+            .args(["-s", "-p", "5201"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    servers.0.push(
+        pods[1]
+            .exec(std::env::current_exe().unwrap())
+            .args(["--accept-loop", "80"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+
+    let measure = |label: &str| {
+        let out = pods[0]
+            .exec("iperf3")
+            .args([
+                "-c",
+                "10.65.0.2",
+                "-p",
+                "5201",
+                "-t",
+                &secs.to_string(),
+                "-J",
+            ])
+            .output()
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let gbps = json["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or(0.0)
+            / 1e9;
+        let exe = std::env::current_exe().unwrap();
+        let out = pods[0]
+            .exec(exe)
+            .args(["--connect-loop", "10.65.0.2:80", &secs.to_string()])
+            .output()
+            .unwrap();
+        let conns: f64 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0.0);
+        let rate = conns / secs as f64;
+        println!("{label}: TCP throughput {gbps:.2} Gbit/s, connection rate {rate:.0}/s");
+        (gbps, rate)
+    };
+    let (base_tput, base_rate) = measure("no margay rules");
+    let (b2, r2) = measure("no margay rules (again)");
+    let (base_tput, base_rate) = ((base_tput + b2) / 2.0, (base_rate + r2) / 2.0);
+
+    // Program the policy: many policies select both pods; the one allowing traffic is last.
+    let mut graph = CalcGraph::new(CalcConfig {
+        hostname: "dpnode".into(),
+        ..CalcConfig::default()
+    });
+    let profile = Resource::from(Profile::new(
+        ObjectMeta::named("kns.default"),
+        ProfileSpec {
+            ingress: vec![Rule::new(Action::Allow)],
+            egress: vec![Rule::new(Action::Allow)],
+            ..ProfileSpec::default()
+        },
+    ));
+    graph.on_update(&profile.key(), Some(profile));
+    for r in [
+        wep("a", "dpnode", "10.65.0.1", "calibencha0", "bench", "client"),
+        wep("b", "dpnode", "10.65.0.2", "calibenchb0", "bench", "server"),
+    ] {
+        graph.on_update(&r.key(), Some(r));
+    }
+    for i in 0..members {
+        let r = wep(
+            &format!("m{i}"),
+            &format!("remote{}", i % 50),
+            &format!("10.{}.{}.{}", 100 + i / 65536, (i / 256) % 256, i % 256),
+            &format!("calim{i}"),
+            &format!("app{}", i % 100),
+            &format!("r{}", i % 100),
+        );
+        graph.on_update(&r.key(), Some(r));
+    }
+    for i in 0..policies {
+        let mut ingress = Rule::new(Action::Allow);
+        ingress.protocol = Some(Protocol::Name("TCP".into()));
+        ingress.source = EntityRule {
+            selector: format!("role == 'r{}'", i % 100),
+            ..EntityRule::default()
+        };
+        ingress.destination = EntityRule {
+            ports: vec![Port::Single(8000 + (i % 1000) as u16)],
+            ..EntityRule::default()
+        };
+        let last = i + 1 == policies;
+        let rules = if last {
+            vec![Rule::new(Action::Allow)]
+        } else {
+            vec![ingress]
+        };
+        let r = Resource::from(GlobalNetworkPolicy::new(
+            ObjectMeta::named(format!("p{i}")),
+            GlobalNetworkPolicySpec {
+                order: Some(i as f64),
+                selector: "app == 'bench'".into(),
+                ingress: rules.clone(),
+                egress: rules,
+                ..GlobalNetworkPolicySpec::default()
+            },
+        ));
+        graph.on_update(&r.key(), Some(r));
+    }
+    graph.on_in_sync();
+    let mut model = DataplaneModel::default();
+    model.apply_all(&graph.flush()).unwrap();
+    let (mut driver, stats) = NftDriver::new(NftDriverConfig {
+        nft: NftConfig::default(),
+        runner: NftRunner {
+            netns: Some(node.name().to_string()),
+            ..NftRunner::default()
+        },
+        refresh_interval: Duration::ZERO,
+    });
+    driver.mark_dirty();
+    driver.sync(&model).unwrap();
+    {
+        let s = stats.lock();
+        let counts = graph.counts();
+        println!(
+            "programmed: {} policies on each pod, {} IP sets with {} members, {} rules",
+            counts.active_policies, counts.active_ip_sets, counts.ip_set_members, s.rules
+        );
+    }
+    let (tput, rate) = measure("with margay policy");
+    let (t2, q2) = measure("with margay policy (again)");
+    let (tput, rate) = ((tput + t2) / 2.0, (rate + q2) / 2.0);
+    println!(
+        "ratio: throughput {:.0}%, connection rate {:.0}% of no-rules",
+        100.0 * tput / base_tput.max(f64::MIN_POSITIVE),
+        100.0 * rate / base_rate.max(f64::MIN_POSITIVE)
+    );
+}
