@@ -358,12 +358,15 @@ impl Call {
                 "feature_control floating_ips / ip_addrs_no_ipam are not supported by margay; ignoring them"
             );
         }
+        let started = std::time::Instant::now();
         let w = self.workload()?;
         let node = self.nodename().await?;
         let ident = Identity::new(&self.args, &w, &node, &self.conf.name);
         let _slot = Slot::acquire(&config::lock_path(&self.conf, &self.env), &self.env).await;
+        tracing::debug!(elapsed = ?started.elapsed(), "node name known, slot held");
         let store = self.connect().await?;
         tracing::info!(container = %self.args.container_id, handle = %ident.handle(), datastore = %store.describe, "ADD");
+        tracing::debug!(elapsed = ?started.elapsed(), "datastore open");
 
         let (assigned, _fresh) = self.addresses(&store, &ident, &w).await?;
         test_pause(&self.env, "ipam");
@@ -381,8 +384,9 @@ impl Call {
                 ..CniResult::default()
             });
         }
+        tracing::debug!(elapsed = ?started.elapsed(), "addresses ready");
         let ips: Vec<IpAddr> = assigned.iter().map(|a| a.ip).collect();
-        match self.add_networking(&store, &ident, &w, &ips).await {
+        match self.add_networking(&store, &ident, &w, &ips, started).await {
             Ok(r) => Ok(r),
             Err(e) => {
                 self.roll_back(&store, &ident).await;
@@ -480,6 +484,7 @@ impl Call {
         ident: &Identity,
         w: &WorkloadArgs,
         ips: &[IpAddr],
+        started: std::time::Instant,
     ) -> Result<CniResult, CniError> {
         let host_veth = ident.host_veth_name();
         let mtu = self.mtu();
@@ -506,6 +511,7 @@ impl Call {
             })
             .await?
         };
+        tracing::debug!(elapsed = ?started.elapsed(), "interfaces ready");
         test_pause(&self.env, "veth");
         let wep = ident.endpoint(w, &host_veth, &set_up.container_mac, ips)?;
         store
@@ -513,6 +519,7 @@ impl Call {
             .apply(Resource::WorkloadEndpoint(wep))
             .await
             .map_err(|e| datastore_error("writing the WorkloadEndpoint", e))?;
+        tracing::debug!(elapsed = ?started.elapsed(), "endpoint written");
         if self.conf.policy_setup_timeout_seconds > 0 {
             tracing::warn!(
                 "policy_setup_timeout_seconds is set, but margay's Felix does not report endpoint status yet; not waiting"
@@ -940,18 +947,13 @@ impl Call {
                 let Resource::WorkloadEndpoint(wep) = r else {
                     continue;
                 };
+                // Only endpoints whose addresses this GC just released: endpoints of other
+                // networks on this node are not in this network's valid attachments.
+                let handle = margay_ipam::workload_handle(&self.conf.name, &wep.spec.container_id);
                 if wep.spec.node != node
                     || wep.spec.container_id.is_empty()
                     || valid_ids.contains(wep.spec.container_id.as_str())
-                    || !store
-                        .ipam
-                        .ips_by_handle(&margay_ipam::workload_handle(
-                            &self.conf.name,
-                            &wep.spec.container_id,
-                        ))
-                        .await
-                        .map(|v| v.is_empty())
-                        .unwrap_or(false)
+                    || !stale.contains(&handle)
                 {
                     continue;
                 }
@@ -1003,5 +1005,133 @@ pub fn nodename_file(conf: &NetConf) -> &Path {
         Path::new(DEFAULT_NODENAME_FILE)
     } else {
         Path::new(&conf.nodename_file)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn call(kind: PluginKind, env: &[(&str, &str)], stdin: &str) -> (u8, Value) {
+        let env: Env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut out = Vec::new();
+        let code = run(kind, &env, stdin.as_bytes(), &mut out);
+        let v = if out.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&out).unwrap()
+        };
+        (code, v)
+    }
+
+    const ENV: &[(&str, &str)] = &[
+        ("CNI_CONTAINERID", "abc"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_NETNS", "/run/netns/mgy-nowhere"),
+        ("CNI_PATH", "/opt/cni/bin"),
+    ];
+
+    fn with(cmd: &str) -> Vec<(&str, &str)> {
+        let mut e = ENV.to_vec();
+        e.push(("CNI_COMMAND", cmd));
+        e
+    }
+
+    #[test]
+    fn version_answers_in_the_requested_version() {
+        let (code, v) = call(
+            PluginKind::Main,
+            &[("CNI_COMMAND", "VERSION")],
+            r#"{"cniVersion":"0.4.0"}"#,
+        );
+        assert_eq!(code, 0);
+        assert_eq!(v["cniVersion"], "0.4.0");
+        assert_eq!(v["supportedVersions"].as_array().unwrap().len(), 5);
+        let (_, v) = call(PluginKind::Ipam, &[("CNI_COMMAND", "VERSION")], "");
+        assert_eq!(v["cniVersion"], "1.1.0");
+    }
+
+    #[test]
+    fn commands_the_config_version_does_not_have_are_refused() {
+        let (code, v) = call(
+            PluginKind::Main,
+            &with("CHECK"),
+            r#"{"cniVersion":"0.3.1","name":"n","type":"margay"}"#,
+        );
+        assert_eq!(code, 1);
+        assert_eq!(v["code"], 1);
+        assert_eq!(v["cniVersion"], "0.3.1");
+        let (_, v) = call(
+            PluginKind::Main,
+            &with("STATUS"),
+            r#"{"cniVersion":"1.0.0","name":"n","type":"margay"}"#,
+        );
+        assert_eq!(v["code"], 1, "{v}");
+        assert!(v["msg"].as_str().unwrap().contains("STATUS"), "{v}");
+    }
+
+    #[test]
+    fn input_errors_come_back_as_cni_errors() {
+        let (code, v) = call(PluginKind::Main, &with("ADD"), "{]");
+        assert_eq!((code, v["code"].as_u64()), (1, Some(6)));
+        let (_, v) = call(
+            PluginKind::Main,
+            &[("CNI_COMMAND", "ADD")],
+            r#"{"cniVersion":"1.0.0","name":"n"}"#,
+        );
+        assert_eq!(v["code"], 4);
+        assert!(
+            v["msg"].as_str().unwrap().contains("CNI_CONTAINERID"),
+            "{v}"
+        );
+        let (_, v) = call(
+            PluginKind::Main,
+            &with("ADD"),
+            r#"{"cniVersion":"1.0.0","name":"n","ipam":{"type":"host-local"}}"#,
+        );
+        assert_eq!(v["code"], 7);
+        assert!(v["msg"].as_str().unwrap().contains("host-local"), "{v}");
+        let (_, v) = call(
+            PluginKind::Main,
+            &with("ADD"),
+            r#"{"cniVersion":"0.2.0","name":"n"}"#,
+        );
+        assert_eq!(v["code"], 1);
+    }
+
+    #[test]
+    fn a_missing_nodename_file_is_explained() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = serde_json::json!({
+            "cniVersion": "1.0.0", "name": "n", "type": "margay",
+            "nodename_file": dir.path().join("nodename"),
+        });
+        let t = std::time::Instant::now();
+        let (code, v) = call(PluginKind::Main, &with("DEL"), &conf.to_string());
+        assert_eq!(code, 1);
+        assert_eq!(v["code"], code::NODENAME);
+        assert!(v["msg"].as_str().unwrap().contains("margay node"), "{v}");
+        assert!(t.elapsed() < Duration::from_secs(10));
+    }
+
+    #[test]
+    fn an_unreachable_datastore_means_try_again_later() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("nodename"), "n1").unwrap();
+        let conf = serde_json::json!({
+            "cniVersion": "1.0.0", "name": "n", "type": "margay",
+            "nodename_file": dir.path().join("nodename"),
+            "datastore_type": "local",
+            "datastore_path": dir.path().join("no-such-store.db"),
+            "ipam_lock_file": dir.path().join("ipam.lock"),
+        });
+        let (code, v) = call(PluginKind::Ipam, &with("ADD"), &conf.to_string());
+        assert_eq!(code, 1);
+        assert_eq!(v["code"], code::TRY_AGAIN_LATER, "{v}");
+        assert!(!dir.path().join("no-such-store.db").exists());
     }
 }
