@@ -74,6 +74,8 @@ fn finish(mut child: Child, timeout: Duration) -> Output {
 struct Node {
     dir: tempfile::TempDir,
     host: Netns,
+    /// The etcd endpoint `margay ctl` uses, when the node's store is etcd.
+    etcd: Option<String>,
 }
 
 /// A container: its namespace and the identifiers the runtime passes.
@@ -103,6 +105,10 @@ fn pool(name: &str, cidr: &str, block: u8) -> String {
 
 impl Node {
     fn new(pools: &[String]) -> Node {
+        Node::build(pools, None)
+    }
+
+    fn build(pools: &[String], etcd: Option<String>) -> Node {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("nodename"), "node-a\n").unwrap();
         let host = Netns::new("cni-host").unwrap();
@@ -126,7 +132,7 @@ impl Node {
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
-        let node = Node { dir, host };
+        let node = Node { dir, host, etcd };
         let f = node.dir.path().join("pools.yaml");
         std::fs::write(&f, pools.join("---\n")).unwrap();
         let o = node.ctl(&["apply", "-f", f.to_str().unwrap()]);
@@ -152,6 +158,9 @@ impl Node {
         let mut cmd = Command::new(exe());
         cmd.arg("ctl").args(args);
         self.env(&mut cmd);
+        if let Some(e) = &self.etcd {
+            cmd.env("DATASTORE_TYPE", "etcdv3").env("ETCD_ENDPOINTS", e);
+        }
         cmd.output().unwrap()
     }
 
@@ -457,6 +466,8 @@ fn add_check_del_ipv6_only_and_old_result_format() {
         "{hroutes}"
     );
     ping(&pod.ns, "2001:db8::1");
+    // The host side's own (link-local) address answers too.
+    ping(&pod.ns, "fe80::ecee:eeff:feee:eeee%eth0");
     let o = node.check(&pod, &conf, &result);
     assert!(o.status.success(), "{}", show(&o));
     node.del(&pod, &conf);
@@ -1030,4 +1041,85 @@ fn a_hundred_simultaneous_adds() {
         assert!(o.status.success(), "{}", show(&o));
     }
     node.assert_clean();
+}
+
+/// The datastore named by the network configuration (datastore_type/etcd_endpoints, as in a
+/// Calico conflist) wins over the environment: here etcd, while the environment says local.
+/// The IPAM plugin is used, run outside any namespace: it touches no interface (only the
+/// datastore, a private etcd on loopback), so it needs no test namespace.
+#[test]
+fn etcd_datastore_from_the_network_config() {
+    if skip() {
+        return;
+    }
+    let mut etcd = margay_testkit::etcd::EtcdServer::start().unwrap();
+    etcd.wait_healthy().unwrap();
+    let node = Node::build(&[pool("p4", "10.92.0.0/24", 28)], Some(etcd.endpoint()));
+    let bin = node.dir.path().join("bin");
+    let o = Command::new(exe())
+        .args(["cni", "install", "--dir", bin.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let pod = node.pod("etcd-0");
+    let conf = node.conf(json!({"datastore_type": "etcdv3", "etcd_endpoints": etcd.endpoint()}));
+    let run = |cmd: &str| {
+        let mut c = Command::new(bin.join("margay-ipam"));
+        node.env(&mut c);
+        c.env("CNI_COMMAND", cmd)
+            .env("CNI_CONTAINERID", &pod.id)
+            .env("CNI_NETNS", pod.netns_path())
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", "/usr/lib/cni")
+            .env("CNI_ARGS", pod.cni_args())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        finish(child, RUN_TIMEOUT)
+    };
+    let o = run("ADD");
+    assert!(o.status.success(), "{}", show(&o));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ip = ips_of(&r).remove(0);
+    assert!(ip.starts_with("10.92.0."), "{r}");
+    assert!(
+        !node.store().exists(),
+        "the embedded store must not be used"
+    );
+    let shown = node.ctl(&["ipam", "show", "--ip", &ip]);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout)
+            .contains(&format!("Handle ID: k8s-pod-network.{}", pod.id)),
+        "{}",
+        show(&shown)
+    );
+    let o = run("DEL");
+    assert!(o.status.success(), "{}", show(&o));
+    node.assert_clean();
+}
+
+#[test]
+fn cni_help_explains_the_plugins() {
+    let o = Command::new(exe())
+        .args(["cni", "--help"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", show(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for needle in [
+        "install",
+        "CNI_COMMAND",
+        "margay-ipam",
+        "nodename",
+        "portmap",
+    ] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
 }
