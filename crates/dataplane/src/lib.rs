@@ -15,6 +15,7 @@ pub mod linux;
 pub mod linux_driver;
 pub mod nft;
 pub mod nft_driver;
+pub mod status_files;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

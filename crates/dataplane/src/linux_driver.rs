@@ -20,6 +20,9 @@ pub struct LinuxDriverConfig {
     pub routing: Option<RoutingConfig>,
     /// How often routes, VXLAN device and neighbours are re-applied to repair drift (0: never).
     pub route_refresh_interval: Duration,
+    /// EndpointStatusPathPrefix: per-endpoint status files under `<prefix>/endpoint-status`
+    /// once the endpoint's policy is in (None: no files).
+    pub status_prefix: Option<std::path::PathBuf>,
 }
 
 pub struct LinuxDriver {
@@ -28,6 +31,7 @@ pub struct LinuxDriver {
     routing: Option<Routing>,
     route_refresh_interval: Duration,
     last_route_refresh: Instant,
+    status_files: Option<crate::status_files::StatusFiles>,
     /// `InSync` arrived but the kernel write it needs has not succeeded yet.
     in_sync_pending: bool,
     in_sync_reported: bool,
@@ -44,6 +48,10 @@ impl LinuxDriver {
                 routing: cfg.routing.map(Routing::new),
                 route_refresh_interval: cfg.route_refresh_interval,
                 last_route_refresh: Instant::now(),
+                status_files: cfg
+                    .status_prefix
+                    .as_deref()
+                    .map(crate::status_files::StatusFiles::new),
                 in_sync_pending: false,
                 in_sync_reported: false,
             },
@@ -55,6 +63,13 @@ impl LinuxDriver {
     fn write(&mut self) -> Result<Vec<StatusUpdate>, DataplaneError> {
         let st = self.state.lock();
         self.nft.sync(&st.model)?;
+        // Policy is in: tell waiting CNI calls (best effort; retried on the next write).
+        if st.model.in_sync
+            && let Some(files) = &mut self.status_files
+            && let Err(e) = files.sync(&st.model)
+        {
+            tracing::warn!(dir = %files.dir().display(), "endpoint status files: {e}");
+        }
         drop(st);
         let mut out = Vec::new();
         if self.in_sync_pending {

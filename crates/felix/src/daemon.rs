@@ -317,6 +317,8 @@ fn make_driver(
                 },
                 routing: Some(routing),
                 route_refresh_interval: config.route_refresh_interval,
+                status_prefix: (!config.endpoint_status_path_prefix.is_empty())
+                    .then(|| std::path::PathBuf::from(&config.endpoint_status_path_prefix)),
             });
             tracing::info!(
                 driver = driver.name(),

@@ -117,6 +117,7 @@ impl Env {
             .env("FELIX_HEALTHENABLED", "false")
             .env("FELIX_LOGSEVERITYSCREEN", "Info")
             .env("MARGAY_DATAPLANE", "linux")
+            .env("FELIX_ENDPOINTSTATUSPATHPREFIX", self.dir.0.join("status"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -362,6 +363,18 @@ fn felix_enforces_datastore_policy_and_survives_a_restart() {
         .clone();
     assert_eq!(eps.len(), 2, "{status:#}");
     assert!(env.tcp(0, 1, 80, "1"), "profiles allow web -> db:80");
+    // The CNI plugin can wait for these: one status file per programmed endpoint.
+    let status_dir = env.dir.0.join("status/endpoint-status");
+    let mut files: Vec<String> = std::fs::read_dir(&status_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, vec!["k8s prod%2Fdb eth0", "k8s prod%2Fweb eth0"]);
+    let web: Value =
+        serde_json::from_slice(&std::fs::read(status_dir.join("k8s prod%2Fweb eth0")).unwrap())
+            .unwrap();
+    assert_eq!(web["ifaceName"], "caliweb0");
 
     // A policy arrives through the datastore: enforced within a bounded time.
     env.apply("deny.yaml", DENY_DB);
