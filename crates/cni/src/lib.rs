@@ -4,12 +4,14 @@
 //! STATUS and GC drive.
 //!
 //! `spec`, `config` and `workload` are pure; `netlink`, `netns` and `dataplane` touch the
-//! kernel; `plugin` ties them to the datastore and IPAM; `cli` is the binary edge.
+//! kernel; `plugin` ties them to the datastore and IPAM (margay's own, or another IPAM plugin
+//! through `delegate`); `cli` is the binary edge.
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod config;
 pub mod dataplane;
+pub mod delegate;
 pub mod install;
 pub mod netlink;
 pub mod netns;

@@ -111,6 +111,7 @@ fn answer(kind: PluginKind, env: &Env, stdin: &[u8]) -> (Result<Option<Value>, C
         cmd,
         conf: parsed.conf,
         raw: parsed.raw,
+        stdin: stdin.to_vec(),
         version,
         args,
         env: env.clone(),
@@ -145,6 +146,8 @@ struct Call {
     cmd: Command,
     conf: NetConf,
     raw: Value,
+    /// The configuration as received (passed on to a delegated IPAM plugin).
+    stdin: Vec<u8>,
     version: Version,
     args: CmdArgs,
     env: Env,
@@ -235,15 +238,32 @@ impl Call {
         }
     }
 
-    fn builtin_ipam(&self) -> Result<(), CniError> {
-        match self.conf.ipam.ipam_type.as_str() {
-            "" | "margay-ipam" | "calico-ipam" => Ok(()),
-            other => Err(CniError::new(
-                code::INVALID_CONFIG,
-                format!(
-                    "ipam.type {other:?} is not supported by margay: use \"margay-ipam\" (or \"calico-ipam\", which margay serves itself)"
-                ),
-            )),
+    /// Whether margay assigns the addresses itself (`margay-ipam`, or `calico-ipam`, which
+    /// margay serves), rather than delegating to another IPAM plugin in CNI_PATH.
+    fn builtin_ipam(&self) -> bool {
+        self.kind == PluginKind::Ipam
+            || matches!(
+                self.conf.ipam.ipam_type.as_str(),
+                "" | "margay-ipam" | "calico-ipam"
+            )
+    }
+
+    /// Runs the delegated IPAM plugin for `command` (off the runtime thread).
+    async fn delegate(&self, command: &'static str) -> Result<Option<Value>, CniError> {
+        let (plugin, env, stdin) = (
+            self.conf.ipam.ipam_type.clone(),
+            self.env.clone(),
+            self.stdin.clone(),
+        );
+        match tokio::task::spawn_blocking(move || {
+            crate::delegate::exec(&plugin, command, &env, &stdin)
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                Err(CniError::new(code::PLUGIN, "IPAM delegation task failed").with_details(e))
+            }
         }
     }
 
@@ -352,13 +372,15 @@ impl Call {
     // ---- ADD --------------------------------------------------------------------------------
 
     async fn add(&self) -> Result<CniResult, CniError> {
-        self.builtin_ipam()?;
         if self.conf.feature_control.floating_ips || self.conf.feature_control.ip_addrs_no_ipam {
             tracing::warn!(
                 "feature_control floating_ips / ip_addrs_no_ipam are not supported by margay; ignoring them"
             );
         }
         let started = std::time::Instant::now();
+        if !self.builtin_ipam() {
+            crate::delegate::find(&self.conf.ipam.ipam_type, &self.args.path)?;
+        }
         let w = self.workload()?;
         let node = self.nodename().await?;
         let ident = Identity::new(&self.args, &w, &node, &self.conf.name);
@@ -368,7 +390,52 @@ impl Call {
         tracing::info!(container = %self.args.container_id, handle = %ident.handle(), datastore = %store.describe, "ADD");
         tracing::debug!(elapsed = ?started.elapsed(), "datastore open");
 
-        let (assigned, _fresh) = self.addresses(&store, &ident, &w).await?;
+        let assigned = if self.builtin_ipam() {
+            self.addresses(&store, &ident, &w).await?.0
+        } else {
+            let answer = self.delegate("ADD").await?.ok_or_else(|| {
+                CniError::new(
+                    code::PLUGIN,
+                    format!(
+                        "the IPAM plugin {} printed no result",
+                        self.conf.ipam.ipam_type
+                    ),
+                )
+            })?;
+            let r = CniResult::from_json(&answer).map_err(|e| {
+                CniError::new(
+                    code::PLUGIN,
+                    format!(
+                        "the IPAM plugin {} answered with an unusable result: {e}",
+                        self.conf.ipam.ipam_type
+                    ),
+                )
+            })?;
+            let mut out = Vec::new();
+            for ip in r.ips {
+                if out
+                    .iter()
+                    .any(|a: &AssignedIp| a.ip.is_ipv4() == ip.ip.is_ipv4())
+                {
+                    continue; // one address per family, as Calico takes
+                }
+                let block = margay_api::net::Cidr::new(ip.ip, ip.prefix)
+                    .map_err(|e| CniError::new(code::PLUGIN, format!("IPAM result: {e}")))?
+                    .network();
+                out.push(AssignedIp { ip: ip.ip, block });
+            }
+            if out.is_empty() {
+                let _ = self.delegate("DEL").await;
+                return Err(CniError::new(
+                    code::NO_ADDRESS,
+                    format!(
+                        "the IPAM plugin {} assigned no address",
+                        self.conf.ipam.ipam_type
+                    ),
+                ));
+            }
+            out
+        };
         test_pause(&self.env, "ipam");
         if self.kind == PluginKind::Ipam {
             return Ok(CniResult {
@@ -554,8 +621,12 @@ impl Call {
 
     /// Undoes a failed ADD: the container's addresses, its interfaces and its endpoint.
     async fn roll_back(&self, store: &Store, ident: &Identity) {
-        if let Err(e) = store.ipam.release_by_handle(&ident.handle()).await {
-            tracing::error!(handle = %ident.handle(), "releasing the addresses of a failed ADD: {e}");
+        if self.builtin_ipam() {
+            if let Err(e) = store.ipam.release_by_handle(&ident.handle()).await {
+                tracing::error!(handle = %ident.handle(), "releasing the addresses of a failed ADD: {e}");
+            }
+        } else if let Err(e) = self.delegate("DEL").await {
+            tracing::error!("releasing the addresses of a failed ADD: {e}");
         }
         let hv = ident.host_veth_name();
         if let Err(e) = blocking(move || dataplane::delete_host_link(&hv)).await {
@@ -584,7 +655,6 @@ impl Call {
     // ---- DEL --------------------------------------------------------------------------------
 
     async fn del(&self) -> Result<(), CniError> {
-        self.builtin_ipam()?;
         let w = self.workload()?;
         let node = self.nodename().await?;
         let ident = Identity::new(&self.args, &w, &node, &self.conf.name);
@@ -626,7 +696,11 @@ impl Call {
                 }
             }
         }
-        if let Some(store) = &store {
+        if !self.builtin_ipam() {
+            if let Err(e) = self.delegate("DEL").await {
+                errors.push(e);
+            }
+        } else if let Some(store) = &store {
             for handle in [ident.handle(), ident.legacy_handle()] {
                 match store.ipam.release_by_handle(&handle).await {
                     Ok(ips) if !ips.is_empty() => {
@@ -696,7 +770,6 @@ impl Call {
     // ---- CHECK ------------------------------------------------------------------------------
 
     async fn check(&self) -> Result<(), CniError> {
-        self.builtin_ipam()?;
         let prev = self
             .conf
             .prev_result
@@ -715,25 +788,29 @@ impl Call {
         let ident = Identity::new(&self.args, &w, &node, &self.conf.name);
         let store = self.connect().await?;
         let mut problems = Vec::new();
-        let held: BTreeSet<IpAddr> = store
-            .ipam
-            .ips_by_handle(&ident.handle())
-            .await
-            .map_err(ipam_error)?
-            .iter()
-            .map(|a| a.ip)
-            .collect();
         let expected: BTreeSet<IpAddr> = prev.ips.iter().map(|i| i.ip).collect();
         if expected.is_empty() {
             problems.push("prevResult has no addresses".to_string());
         }
-        if held != expected {
-            problems.push(format!(
-                "IPAM handle {} holds {:?}, prevResult says {:?}",
-                ident.handle(),
-                held,
-                expected
-            ));
+        if self.builtin_ipam() {
+            let held: BTreeSet<IpAddr> = store
+                .ipam
+                .ips_by_handle(&ident.handle())
+                .await
+                .map_err(ipam_error)?
+                .iter()
+                .map(|a| a.ip)
+                .collect();
+            if held != expected {
+                problems.push(format!(
+                    "IPAM handle {} holds {:?}, prevResult says {:?}",
+                    ident.handle(),
+                    held,
+                    expected
+                ));
+            }
+        } else if let Err(e) = self.delegate("CHECK").await {
+            problems.push(e.to_string());
         }
         if self.kind == PluginKind::Main {
             let host_veth = ident.host_veth_name();
@@ -808,7 +885,6 @@ impl Call {
     // ---- STATUS -----------------------------------------------------------------------------
 
     async fn status(&self) -> Result<(), CniError> {
-        self.builtin_ipam()?;
         let unavailable = |e: CniError| CniError {
             code: code::NOT_AVAILABLE,
             ..e
@@ -820,6 +896,9 @@ impl Call {
             .revision()
             .await
             .map_err(|e| unavailable(datastore_error("the datastore does not answer", e)))?;
+        if !self.builtin_ipam() {
+            return Ok(()); // the delegated IPAM plugin's pools are its own business
+        }
         let node = self.nodename().await.ok();
         let pools = store
             .ipam
@@ -896,7 +975,12 @@ impl Call {
     /// Releases what this node holds for attachments of this network that the runtime no
     /// longer lists in `cni.dev/valid-attachments`.
     async fn gc(&self) -> Result<(), CniError> {
-        self.builtin_ipam()?;
+        if !self.builtin_ipam() {
+            tracing::info!(
+                "GC: addresses belong to the delegated IPAM plugin; nothing for margay to collect"
+            );
+            return Ok(());
+        }
         let valid: HashSet<(String, String)> = self
             .conf_value("cni.dev/valid-attachments")
             .and_then(|v| v.as_array().cloned())
@@ -1095,6 +1179,7 @@ mod tests {
         );
         assert_eq!(v["code"], 7);
         assert!(v["msg"].as_str().unwrap().contains("host-local"), "{v}");
+        assert!(v["msg"].as_str().unwrap().contains("CNI_PATH"), "{v}");
         let (_, v) = call(
             PluginKind::Main,
             &with("ADD"),

@@ -1123,3 +1123,47 @@ fn cni_help_explains_the_plugins() {
         assert!(text.contains(needle), "{needle}: {text}");
     }
 }
+
+/// Another IPAM plugin (the reference host-local, from CNI_PATH) assigns the address; margay
+/// does the rest, as Calico's plugin does with `"ipam": {"type": "host-local"}`.
+#[test]
+fn delegates_to_another_ipam_plugin() {
+    if skip() {
+        return;
+    }
+    if !Path::new("/usr/lib/cni/host-local").exists() {
+        eprintln!(
+            "skipped: /usr/lib/cni/host-local is missing (scripts/setup installs containernetworking-plugins)"
+        );
+        return;
+    }
+    let node = Node::new(&[pool("unused", "10.94.0.0/24", 28)]);
+    let pod = node.pod("hl-0");
+    let conf = node.conf(json!({"ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "10.93.0.0/24"}]],
+        "dataDir": node.dir.path().join("host-local"),
+    }}));
+    let result = node.add(&pod, &conf);
+    let ip = ips_of(&result).remove(0);
+    assert!(ip.starts_with("10.93.0."), "{result}");
+    assert_eq!(result["ips"][0]["address"], format!("{ip}/32"));
+    ping(&pod.ns, "192.0.2.1");
+    let o = node.check(&pod, &conf, &result);
+    assert!(o.status.success(), "{}", show(&o));
+    // margay's own IPAM was not used.
+    let (_, out) = node.ipam_check();
+    assert!(out.contains("IPAM blocks record 0 allocations"), "{out}");
+    node.del(&pod, &conf);
+    node.assert_clean();
+    // host-local released it too: its data directory holds no address file any more.
+    let left: Vec<String> = std::fs::read_dir(node.dir.path().join("host-local/k8s-pod-network"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("10."))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
