@@ -1167,3 +1167,32 @@ fn delegates_to_another_ipam_plugin() {
         .unwrap_or_default();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// SIGKILL at pseudo-random moments of ADD (from before IPAM to after the endpoint write),
+/// each followed by the runtime's DEL: nothing may be left, whichever step was interrupted.
+#[test]
+fn killed_at_random_moments_then_del_leaks_nothing() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.95.0.0/24", 28)]);
+    let conf = node.conf(json!({"log_level": "warn"}));
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    for round in 0..12 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let delay = Duration::from_micros(seed % 15_000);
+        let pod = node.pod(&format!("rnd-{round}"));
+        let mut child = node.spawn(&exe(), "ADD", &pod, &conf, &[]);
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        child.wait().unwrap();
+        node.del(&pod, &conf);
+        node.assert_clean();
+        assert!(
+            !pod.ns.ip(&["-o", "link"]).unwrap().contains("eth0"),
+            "round {round} ({delay:?}): the container interface survived DEL"
+        );
+    }
+}
