@@ -71,6 +71,8 @@ pub struct SetUp {
     pub host_index: u32,
     pub container_mac: String,
     pub container_index: u32,
+    /// The IPv6 next hop in the container (the host side's link-local address).
+    pub gateway_v6: Option<Ipv6Addr>,
 }
 
 fn host_len(ip: &IpAddr) -> u8 {
@@ -192,8 +194,10 @@ fn configure(spec: &Spec<'_>, host: &mut Netlink, ns: &File) -> Result<SetUp, Da
             "adding the IPv4 default route in the container",
         ))?;
     }
+    let mut gateway_v6 = None;
     if v6 {
         let ll = wait_link_local(host, host_link.index, spec.host_veth)?;
+        gateway_v6 = Some(ll);
         add_route_idempotent(
             &mut cont,
             &Route::new(
@@ -227,6 +231,7 @@ fn configure(spec: &Spec<'_>, host: &mut Netlink, ns: &File) -> Result<SetUp, Da
         host_index: host_link.index,
         container_mac: mac_string(&cont_link.mac),
         container_index: cont_link.index,
+        gateway_v6,
     })
 }
 

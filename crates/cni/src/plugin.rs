@@ -607,6 +607,19 @@ impl Call {
             ],
             ..CniResult::default()
         };
+        // The default routes set up in the container.
+        if ips.iter().any(IpAddr::is_ipv4) {
+            result.routes.push(crate::spec::Route {
+                dst: "0.0.0.0/0".into(),
+                gw: Some(IpAddr::V4(crate::workload::GATEWAY_V4)),
+            });
+        }
+        if let Some(gw) = set_up.gateway_v6 {
+            result.routes.push(crate::spec::Route {
+                dst: "::/0".into(),
+                gw: Some(IpAddr::V6(gw)),
+            });
+        }
         result.ips = ips
             .iter()
             .map(|ip| IpConfig {

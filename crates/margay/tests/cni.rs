@@ -353,6 +353,11 @@ fn add_check_del_ipv4() {
     );
     assert_eq!(result["interfaces"][1]["name"], "eth0");
     assert_eq!(result["interfaces"][1]["sandbox"], pod.netns_path());
+    assert_eq!(
+        result["routes"],
+        json!([{"dst": "0.0.0.0/0", "gw": "169.254.1.1"}]),
+        "{result}"
+    );
 
     // Host side.
     let link = node.host.ip(&["-o", "link", "show", &host_veth]).unwrap();
@@ -446,6 +451,11 @@ fn add_check_del_ipv6_only_and_old_result_format() {
     assert_eq!(result["ips"][0]["version"], "6");
     let ip = ips_of(&result).remove(0);
     assert!(ip.starts_with("fd80::"), "{result}");
+    assert_eq!(result["routes"][0]["dst"], "::/0", "{result}");
+    assert_eq!(
+        result["routes"][0]["gw"], "fe80::ecee:eeff:feee:eeee",
+        "{result}"
+    );
     let addrs = pod
         .ns
         .ip(&["-o", "-6", "addr", "show", "dev", "eth0"])
