@@ -1,4 +1,4 @@
-//! The resource commands of `margay ctl` (create, apply, replace, delete, get, label), run as
+//! The resource commands of `margay ctl` (create, apply, replace, delete, get, label, ipam), run as
 //! the real binary against a private etcd and against the embedded local datastore.
 //!
 //! Every test has its own store and temp directory, and names its datastore explicitly (a
@@ -171,7 +171,38 @@ on_both_stores!(
     label_sets_and_removes,
     get_filters_by_label_selector,
     an_invalid_document_is_reported_and_the_valid_ones_are_written,
+    ipam_show_check_and_release,
 );
+
+/// `ipam show/check/release` on a store with a pool and an endpoint whose address IPAM never
+/// allocated (the allocating side is tested with the CNI plugin, tests/cni.rs).
+fn ipam_show_check_and_release(s: &Store) {
+    let f = s.file("pool.yaml", &pool("pool-i", "10.44.0.0/16", "{}"));
+    assert_eq!(run(s.ctl(&["create", "-f", &f])).code, 0);
+    let r = run(s.ctl(&["ipam", "show"]));
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        r.out.contains(
+            "| IP Pool  | 10.44.0.0/16 |     65536 |     0 (0%) |       0 (0%) | 65536 (100%) |"
+        ),
+        "{r:?}"
+    );
+    let r = run(s.ctl(&["ipam", "check"]));
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.out.contains("Check complete; found 0 problems"), "{r:?}");
+    let wep = "apiVersion: projectcalico.org/v3\nkind: WorkloadEndpoint\nmetadata:\n  namespace: default\nspec:\n  orchestrator: k8s\n  node: n1\n  pod: p1\n  endpoint: eth0\n  interfaceName: cali1\n  ipNetworks: [10.44.0.9/32]\n";
+    let f = s.file("wep.yaml", wep);
+    assert_eq!(run(s.ctl(&["create", "-f", &f])).code, 0);
+    let r = run(s.ctl(&["ipam", "check"]));
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(
+        r.out.contains("10.44.0.9 in use by Workload(default/n1-k8s-p1-eth0) and in an IP pool but has no IPAM allocation"),
+        "{r:?}"
+    );
+    let r = run(s.ctl(&["ipam", "release", "--ip", "10.44.0.9"]));
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.err.contains("10.44.0.9 is not assigned"), "{r:?}");
+}
 
 fn create_then_get_yaml_round_trips(s: &Store) {
     let f = s.file(
