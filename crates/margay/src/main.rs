@@ -38,6 +38,9 @@ enum Role {
     Felix(margay_felix::cli::FelixArgs),
     /// The CNI plugins (like calico / calico-ipam): install them, or see how they are used.
     Cni(margay_cni::cli::CniArgs),
+    /// A real multi-node cluster on this machine, in network namespaces: the demo and the
+    /// end-to-end test bed.
+    Lab(margay_lab::LabArgs),
 }
 
 fn main() -> ExitCode {
@@ -88,7 +91,7 @@ fn main() -> ExitCode {
         Role::Felix(f) if felix_runs_daemon(f) => {
             calico_level(std::env::var("FELIX_LOGSEVERITYSCREEN").ok(), "info")
         }
-        Role::Felix(_) | Role::Cni(_) => "warn".to_string(),
+        Role::Felix(_) | Role::Cni(_) | Role::Lab(_) => "warn".to_string(),
     });
     let set_level = init_logging(&level);
     let code = match cli.role {
@@ -112,6 +115,7 @@ fn main() -> ExitCode {
         Role::Cni(cni) => {
             margay_cni::cli::run_cni(cni, &mut io::stdout().lock(), &mut io::stderr().lock())
         }
+        Role::Lab(lab) => margay_lab::run(lab, &mut io::stdout(), &mut io::stderr()),
     };
     let _ = io::stdout().flush();
     ExitCode::from(code)

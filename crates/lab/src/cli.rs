@@ -1,0 +1,1095 @@
+//! `margay lab …` commands.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use crate::net::{self, LabError, other};
+use crate::state::{FABRIC_PREFIX, LabState, POD_CIDR, check_name};
+use crate::topology::{Topology, default_topology};
+
+/// Build, inspect, probe and remove a multi-node margay cluster made of network namespaces.
+#[derive(Debug, Args)]
+#[command(
+    long_about = "A real margay cluster on this machine: every node is a network namespace \
+running `margay node startup` and a supervised `margay felix`; pods are namespaces wired by the \
+real CNI plugin, each serving TCP/UDP on its ports. Needs root. Nothing outside the lab's own \
+namespaces (named mgy-<lab>-...) is touched."
+)]
+pub struct LabArgs {
+    #[command(subcommand)]
+    pub command: LabCommand,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct Which {
+    /// The lab's name (several labs can run side by side).
+    #[arg(long, default_value = "lab")]
+    pub name: String,
+    /// Where the lab keeps its state, logs and datastore (default
+    /// /var/run/margay/lab/<name>).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl Which {
+    fn dir(&self) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(crate::state::DEFAULT_STATE_ROOT).join(&self.name))
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LabCommand {
+    /// Build the cluster and start everything.
+    Up {
+        #[command(flatten)]
+        which: Which,
+        /// Topology file (default: Kubernetes' network-policy model, namespaces x, y, z with
+        /// pods a, b, c, serving TCP and UDP on 80 and 81).
+        #[arg(short = 'f', long)]
+        file: Option<PathBuf>,
+        /// Nodes for the default topology.
+        #[arg(long, default_value_t = 2)]
+        nodes: usize,
+        /// local (embedded store, the default) or etcd (a real etcd in the fabric namespace).
+        #[arg(long, default_value = "local")]
+        datastore: String,
+        /// Cross-node networking: vxlan.
+        #[arg(long, default_value = "vxlan")]
+        backend: String,
+    },
+    /// Nodes, pods, addresses and health.
+    Status {
+        #[command(flatten)]
+        which: Which,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove everything the lab made (also after a crash).
+    Down {
+        #[command(flatten)]
+        which: Which,
+    },
+    /// One probe: exit 0 if FROM reaches TO, 1 if not.
+    Probe {
+        #[command(flatten)]
+        which: Which,
+        /// `namespace/pod`
+        from: String,
+        /// `namespace/pod`
+        to: String,
+        #[arg(long, default_value_t = 80)]
+        port: u16,
+        #[arg(long, default_value = "tcp")]
+        protocol: String,
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+    },
+    /// Every pod to every pod, in parallel.
+    Matrix {
+        #[command(flatten)]
+        which: Which,
+        #[arg(long, default_value_t = 80)]
+        port: u16,
+        #[arg(long, default_value = "tcp")]
+        protocol: String,
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+        /// table or json
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
+    },
+    /// Run a command inside a pod: `margay lab exec x/a -- ip addr`.
+    Exec {
+        #[command(flatten)]
+        which: Which,
+        pod: String,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Run `margay ctl` against the lab's datastore: `margay lab ctl -- apply -f policy.yaml`.
+    Ctl {
+        #[command(flatten)]
+        which: Which,
+        #[arg(last = true, required = true)]
+        args: Vec<String>,
+    },
+    #[command(hide = true)]
+    Serve {
+        #[arg(long, default_value = "pod")]
+        name: String,
+        #[arg(long, value_delimiter = ',')]
+        tcp: Vec<u16>,
+        #[arg(long, value_delimiter = ',')]
+        udp: Vec<u16>,
+    },
+    #[command(hide = true)]
+    Connect {
+        #[arg(long)]
+        to: IpAddr,
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        udp: bool,
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+    },
+    #[command(hide = true)]
+    Supervise {
+        #[arg(long)]
+        pid_file: PathBuf,
+        #[arg(long)]
+        log: PathBuf,
+        #[arg(long)]
+        once: bool,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
+}
+
+/// Runs a lab command; returns the exit code.
+pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let result = match args.command {
+        LabCommand::Up {
+            which,
+            file,
+            nodes,
+            datastore,
+            backend,
+        } => up(
+            &which,
+            file.as_deref(),
+            nodes,
+            &datastore,
+            &backend,
+            out,
+            err,
+        ),
+        LabCommand::Status { which, json } => status(&which, json, out),
+        LabCommand::Down { which } => down(&which, out),
+        LabCommand::Probe {
+            which,
+            from,
+            to,
+            port,
+            protocol,
+            timeout_ms,
+        } => probe_cmd(&which, &from, &to, port, &protocol, timeout_ms, out),
+        LabCommand::Matrix {
+            which,
+            port,
+            protocol,
+            timeout_ms,
+            output,
+        } => matrix_cmd(&which, port, &protocol, timeout_ms, &output, out),
+        LabCommand::Exec {
+            which,
+            pod,
+            command,
+        } => exec_cmd(&which, &pod, &command),
+        LabCommand::Ctl { which, args } => ctl_cmd(&which, &args),
+        LabCommand::Serve { name, tcp, udp } => net::serve(&name, &tcp, &udp, None).map(|()| 0),
+        LabCommand::Connect {
+            to,
+            port,
+            udp,
+            timeout_ms,
+        } => Ok(
+            if net::connect(to, port, udp, Duration::from_millis(timeout_ms)) {
+                0
+            } else {
+                1
+            },
+        ),
+        LabCommand::Supervise {
+            pid_file,
+            log,
+            once,
+            argv,
+        } => net::supervise(&pid_file, &log, once, &argv),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            let _ = writeln!(err, "margay lab: {e}");
+            2
+        }
+    }
+}
+
+fn exe() -> Result<PathBuf, LabError> {
+    std::env::current_exe().map_err(|e| other(format!("cannot find the margay binary: {e}")))
+}
+
+fn load(which: &Which) -> Result<LabState, LabError> {
+    check_name(&which.name).map_err(other)?;
+    LabState::load(&which.dir()).map_err(|e| {
+        other(format!(
+            "lab {:?} is not up ({}: {e}); start it with `margay lab up --name {}`",
+            which.name,
+            LabState::state_file(&which.dir()).display(),
+            which.name
+        ))
+    })
+}
+
+/// `margay` inside a namespace, with the lab's datastore in its environment.
+fn margay_in(st: &LabState, ns: &str) -> Result<Command, LabError> {
+    let mut c = net::in_netns(ns, exe()?);
+    for (k, v) in st.datastore_env() {
+        c.env(k, v);
+    }
+    Ok(c)
+}
+
+/// Applies YAML to the lab's datastore (from the fabric namespace, which reaches both the
+/// embedded store file and the lab's etcd).
+pub fn apply_yaml(st: &LabState, yaml: &str) -> Result<(), LabError> {
+    let file = st.dir.join(format!("apply-{}.yaml", std::process::id()));
+    std::fs::write(&file, yaml).map_err(|e| other(format!("{}: {e}", file.display())))?;
+    let mut c = margay_in(st, &st.fabric_netns())?;
+    c.args(["ctl", "apply", "-f"]).arg(&file);
+    let r = net::run(&mut c);
+    let _ = std::fs::remove_file(&file);
+    r.map(drop)
+}
+
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    started: Instant,
+}
+
+impl Progress {
+    fn new(steps: u64) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new(steps);
+            if let Ok(style) =
+                indicatif::ProgressStyle::with_template("{elapsed:>4} [{bar:30}] {pos}/{len} {msg}")
+            {
+                b.set_style(style);
+            }
+            b
+        });
+        Progress {
+            bar,
+            started: Instant::now(),
+        }
+    }
+
+    fn step(&self, err: &mut dyn Write, msg: &str) {
+        match &self.bar {
+            Some(b) => {
+                b.set_message(msg.to_string());
+                b.inc(1);
+            }
+            None => {
+                let _ = writeln!(
+                    err,
+                    "[{:>5.1}s] {msg}",
+                    self.started.elapsed().as_secs_f64()
+                );
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+fn up(
+    which: &Which,
+    file: Option<&Path>,
+    nodes: usize,
+    datastore: &str,
+    backend: &str,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<u8, LabError> {
+    check_name(&which.name).map_err(other)?;
+    if !matches!(datastore, "local" | "etcd") {
+        return Err(other(format!(
+            "--datastore {datastore:?}: use local (embedded store) or etcd"
+        )));
+    }
+    if backend != "vxlan" {
+        return Err(other(format!(
+            "--backend {backend:?}: only vxlan is supported (BIRD arrives with the BGP work)"
+        )));
+    }
+    let topology = match file {
+        Some(f) => Topology::parse(
+            &std::fs::read_to_string(f).map_err(|e| other(format!("{}: {e}", f.display())))?,
+        )
+        .map_err(|e| other(e.to_string()))?,
+        None => default_topology(nodes),
+    };
+    let dir = which.dir();
+    if let Ok(old) = LabState::load(&dir) {
+        if !net::netns_with_prefix(&old.fabric_netns()).is_empty() {
+            return Err(other(format!(
+                "lab {:?} is already up; `margay lab down --name {}` first",
+                which.name, which.name
+            )));
+        }
+        // Left over from a crash: clear it.
+        down(which, &mut std::io::sink())?;
+    }
+    let started = Instant::now();
+    let st = LabState::new(&which.name, &dir, datastore, backend, topology);
+    let _ = std::fs::remove_dir_all(&dir);
+    st.save()
+        .map_err(|e| other(format!("{}: {e}", dir.display())))?;
+    let progress = Progress::new(6 + st.pods.len() as u64);
+    let result = build(st, &progress, err);
+    progress.finish();
+    match result {
+        Ok(st) => {
+            let _ = writeln!(
+                out,
+                "lab {:?} is up in {:.1} s: {} nodes, {} pods ({} datastore, {} backend)",
+                st.name,
+                started.elapsed().as_secs_f64(),
+                st.nodes.len(),
+                st.pods.len(),
+                st.datastore,
+                st.backend
+            );
+            print_status(&st, out);
+            Ok(0)
+        }
+        Err(e) => {
+            let _ = writeln!(
+                err,
+                "margay lab: building the lab failed: {e}\nlogs are in {}; remove what was built with `margay lab down --name {}`",
+                dir.display(),
+                which.name
+            );
+            Ok(1)
+        }
+    }
+}
+
+fn build(mut st: LabState, progress: &Progress, err: &mut dyn Write) -> Result<LabState, LabError> {
+    let exe = exe()?;
+    // Fabric and nodes.
+    let fabric = st.fabric_netns();
+    net::add_netns(&fabric)?;
+    net::ip(&fabric, &["link", "add", "br0", "type", "bridge"])?;
+    net::ip(
+        &fabric,
+        &[
+            "addr",
+            "add",
+            &format!("{FABRIC_PREFIX}.1/24"),
+            "dev",
+            "br0",
+        ],
+    )?;
+    net::ip(&fabric, &["link", "set", "br0", "up"])?;
+    for (i, node) in st.nodes.iter().enumerate() {
+        net::add_netns(&node.netns)?;
+        let fab_if = format!("n{i}");
+        net::ip(
+            &fabric,
+            &[
+                "link",
+                "add",
+                &fab_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                &node.netns,
+            ],
+        )?;
+        net::ip(&fabric, &["link", "set", &fab_if, "master", "br0", "up"])?;
+        net::ip(
+            &node.netns,
+            &["addr", "add", &format!("{}/24", node.ip), "dev", "eth0"],
+        )?;
+        net::ip(&node.netns, &["link", "set", "eth0", "up"])?;
+        net::ip(
+            &node.netns,
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                &format!("{FABRIC_PREFIX}.1"),
+            ],
+        )?;
+        net::sysctl(&node.netns, "net.ipv4.ip_forward", "1")?;
+        std::fs::create_dir_all(st.node_dir(&node.name))
+            .map_err(|e| other(format!("{}: {e}", st.node_dir(&node.name).display())))?;
+    }
+    progress.step(err, "namespaces and fabric");
+
+    // The datastore.
+    if st.datastore == "etcd" {
+        let dir = st.dir.join("etcd");
+        std::fs::create_dir_all(&dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
+        let url = format!("http://{FABRIC_PREFIX}.1:2379");
+        let argv: Vec<String> = [
+            "ip",
+            "netns",
+            "exec",
+            &fabric,
+            "etcd",
+            "--name",
+            "lab",
+            "--data-dir",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([
+            dir.join("data").display().to_string(),
+            "--listen-client-urls".into(),
+            url.clone(),
+            "--advertise-client-urls".into(),
+            url,
+            "--listen-peer-urls".into(),
+            "http://127.0.0.1:2380".into(),
+            "--initial-advertise-peer-urls".into(),
+            "http://127.0.0.1:2380".into(),
+            "--initial-cluster".into(),
+            "lab=http://127.0.0.1:2380".into(),
+        ])
+        .collect();
+        net::spawn_supervised(
+            &exe,
+            &dir.join("etcd.pid"),
+            &dir.join("etcd.log"),
+            true,
+            &[],
+            &argv,
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut c = margay_in(&st, &fabric)?;
+            c.args(["ctl", "get", "ippools"]);
+            if net::run(&mut c).is_ok() {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(other(
+                    "etcd did not come up within 30 s (see etcd/etcd.log)",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    progress.step(err, "datastore");
+
+    // Node start-up (the first node creates the pool).
+    for node in &st.nodes {
+        let dir = st.node_dir(&node.name);
+        let mut c = margay_in(&st, &node.netns)?;
+        c.args(["node", "startup", "--root"])
+            .arg(dir.join("root"))
+            .env("NODENAME", &node.name)
+            .env("IP", "autodetect")
+            .env("IP_AUTODETECTION_METHOD", "interface=eth0")
+            .env("IP6", "none")
+            .env("CALICO_IPV4POOL_CIDR", POD_CIDR)
+            .env("CALICO_IPV4POOL_VXLAN", "Always")
+            .env("CALICO_IPV4POOL_NAT_OUTGOING", "true")
+            .env("CALICO_NETWORKING_BACKEND", "vxlan")
+            .env("CALICO_STARTUP_LOGLEVEL", "warning");
+        net::run(&mut c).map_err(|e| other(format!("node start-up of {}: {e}", node.name)))?;
+    }
+    progress.step(err, "node start-up");
+
+    // Namespaces as Calico represents Kubernetes namespaces: profiles kns.<ns>.
+    let mut yaml = String::new();
+    for ns in &st.topology.namespaces {
+        let mut labels = ns.labels.clone();
+        labels.insert("kubernetes.io/metadata.name".into(), ns.name.clone());
+        let apply: Vec<String> = labels
+            .iter()
+            .map(|(k, v)| format!("      pcns.{k}: {v:?}"))
+            .chain(std::iter::once(format!(
+                "      pcns.projectcalico.org/name: {:?}",
+                ns.name
+            )))
+            .collect();
+        yaml.push_str(&format!(
+            "---\napiVersion: projectcalico.org/v3\nkind: Profile\nmetadata:\n  name: kns.{}\nspec:\n  labelsToApply:\n{}\n  ingress: [{{action: Allow}}]\n  egress: [{{action: Allow}}]\n",
+            ns.name,
+            apply.join("\n")
+        ));
+    }
+    apply_yaml(&st, &yaml)?;
+    progress.step(err, "namespaces (profiles)");
+
+    // Felix on every node, supervised.
+    for node in &st.nodes {
+        let dir = st.node_dir(&node.name);
+        let mut env = st.datastore_env();
+        env.extend([
+            ("FELIX_FELIXHOSTNAME".to_string(), node.name.clone()),
+            ("FELIX_HEALTHENABLED".into(), "true".into()),
+            ("FELIX_LOGSEVERITYSCREEN".into(), "Info".into()),
+            (
+                "FELIX_ENDPOINTSTATUSPATHPREFIX".into(),
+                dir.join("status").display().to_string(),
+            ),
+            ("MARGAY_DATAPLANE".into(), "linux".into()),
+            ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+        ]);
+        let argv = vec![
+            "ip".to_string(),
+            "netns".into(),
+            "exec".into(),
+            node.netns.clone(),
+            exe.display().to_string(),
+            "felix".into(),
+            "run".into(),
+            "--status-socket".into(),
+            dir.join("felix.sock").display().to_string(),
+        ];
+        net::spawn_supervised(
+            &exe,
+            &dir.join("felix.pid"),
+            &dir.join("felix.log"),
+            true,
+            &env,
+            &argv,
+        )?;
+    }
+    wait_felix(&st, Duration::from_secs(60))?;
+    progress.step(err, "felix in sync on every node");
+
+    // Pods, wired by the CNI plugin exactly as a runtime would.
+    for i in 0..st.pods.len() {
+        let pod = st.pods[i].clone();
+        let spec = st
+            .topology
+            .pod(&pod.id)
+            .cloned()
+            .ok_or_else(|| other(format!("pod {} vanished from the topology", pod.id)))?;
+        net::add_netns(&pod.netns)?;
+        let ip = cni(&st, &pod, &spec, "ADD")?;
+        st.pods[i].ip = Some(ip);
+        st.save().map_err(|e| other(e.to_string()))?;
+        let pods_dir = st.dir.join("pods");
+        std::fs::create_dir_all(&pods_dir).map_err(|e| other(e.to_string()))?;
+        let base = format!("{}-{}", spec.namespace, spec.name);
+        let mut argv = vec![
+            "ip".to_string(),
+            "netns".into(),
+            "exec".into(),
+            pod.netns.clone(),
+            exe.display().to_string(),
+            "lab".into(),
+            "serve".into(),
+            "--name".into(),
+            pod.id.clone(),
+        ];
+        if !spec.tcp.is_empty() {
+            argv.push("--tcp".into());
+            argv.push(
+                spec.tcp
+                    .iter()
+                    .map(u16::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+        if !spec.udp.is_empty() {
+            argv.push("--udp".into());
+            argv.push(
+                spec.udp
+                    .iter()
+                    .map(u16::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+        net::spawn_supervised(
+            &exe,
+            &pods_dir.join(format!("{base}.pid")),
+            &pods_dir.join(format!("{base}.log")),
+            true,
+            &[],
+            &argv,
+        )?;
+        progress.step(err, &format!("pod {}", pod.id));
+    }
+    wait_felix(&st, Duration::from_secs(60))?;
+    progress.step(err, "ready");
+    st.save().map_err(|e| other(e.to_string()))?;
+    Ok(st)
+}
+
+/// Runs the CNI plugin for a pod (ADD returns the pod's address).
+fn cni(
+    st: &LabState,
+    pod: &crate::state::PodState,
+    spec: &crate::topology::PodSpec,
+    command: &str,
+) -> Result<String, LabError> {
+    let node = st
+        .node(&pod.node)
+        .ok_or_else(|| other(format!("pod {} is on unknown node {}", pod.id, pod.node)))?;
+    let dir = st.node_dir(&node.name);
+    let labels: Vec<Value> = spec
+        .labels
+        .iter()
+        .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+        .collect();
+    let mut conf = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "k8s-pod-network",
+        "type": "margay",
+        "mtu": 1450,
+        "nodename": node.name,
+        "nodename_file": dir.join("root/var/lib/calico/nodename").display().to_string(),
+        "log_level": "info",
+        "log_file_path": dir.join("cni.log").display().to_string(),
+        "ipam": {"type": "margay-ipam"},
+        "ipam_lock_file": dir.join("ipam.lock").display().to_string(),
+        "endpoint_status_dir": dir.join("status/endpoint-status").display().to_string(),
+        "policy_setup_timeout_seconds": 10,
+        "args": {"cni": {"labels": labels}},
+    });
+    let ds: BTreeMap<String, String> = st.datastore_env().into_iter().collect();
+    if let Value::Object(o) = &mut conf {
+        match ds.get("DATASTORE_TYPE").map(String::as_str) {
+            Some("etcdv3") => {
+                o.insert("datastore_type".into(), "etcdv3".into());
+                o.insert(
+                    "etcd_endpoints".into(),
+                    ds.get("ETCD_ENDPOINTS").cloned().unwrap_or_default().into(),
+                );
+            }
+            _ => {
+                o.insert("datastore_type".into(), "local".into());
+                o.insert(
+                    "datastore_path".into(),
+                    ds.get("DATASTORE_PATH").cloned().unwrap_or_default().into(),
+                );
+            }
+        }
+    }
+    let exe = exe()?;
+    let mut child = net::in_netns(&node.netns, &exe)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", &pod.container_id)
+        .env("CNI_NETNS", format!("/run/netns/{}", pod.netns))
+        .env("CNI_IFNAME", "eth0")
+        .env(
+            "CNI_PATH",
+            exe.parent().map(|p| p.display().to_string()).unwrap_or_default(),
+        )
+        .env(
+            "CNI_ARGS",
+            format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={}",
+                spec.namespace, spec.name, pod.container_id
+            ),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| other(format!("CNI {command} for {}: {e}", pod.id)))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(conf.to_string().as_bytes());
+    }
+    let outp = child
+        .wait_with_output()
+        .map_err(|e| other(format!("CNI {command} for {}: {e}", pod.id)))?;
+    let text = String::from_utf8_lossy(&outp.stdout);
+    if !outp.status.success() {
+        return Err(other(format!(
+            "CNI {command} for {} failed: {} {}",
+            pod.id,
+            text.trim(),
+            String::from_utf8_lossy(&outp.stderr).trim()
+        )));
+    }
+    if command != "ADD" {
+        return Ok(String::new());
+    }
+    let result: Value = serde_json::from_str(&text)
+        .map_err(|e| other(format!("CNI ADD for {}: bad result {text:?}: {e}", pod.id)))?;
+    result["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .map(str::to_string)
+        .ok_or_else(|| other(format!("CNI ADD for {}: no address in {text}", pod.id)))
+}
+
+fn felix_status(st: &LabState, node: &str) -> Option<Value> {
+    let sock = st.node_dir(node).join("felix.sock");
+    let out = Command::new(exe().ok()?)
+        .args(["felix", "status", "--json", "--socket"])
+        .arg(&sock)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+fn wait_felix(st: &LabState, limit: Duration) -> Result<(), LabError> {
+    let deadline = Instant::now() + limit;
+    for node in &st.nodes {
+        loop {
+            if felix_status(st, &node.name)
+                .is_some_and(|s| s["dataplane"]["in_sync"] == Value::Bool(true))
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(other(format!(
+                    "felix on {} did not get in sync within {limit:?}; see {}",
+                    node.name,
+                    st.node_dir(&node.name).join("felix.log").display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(())
+}
+
+fn print_status(st: &LabState, out: &mut dyn Write) {
+    let _ = writeln!(out, "NODE      NAMESPACE              ADDRESS        FELIX");
+    for n in &st.nodes {
+        let felix = match felix_status(st, &n.name) {
+            Some(s) => format!(
+                "{}{}",
+                if s["ready"] == Value::Bool(true) {
+                    "ready"
+                } else {
+                    "NOT READY"
+                },
+                if s["dataplane"]["in_sync"] == Value::Bool(true) {
+                    ", dataplane in sync"
+                } else {
+                    ", dataplane not in sync"
+                }
+            ),
+            None => "not answering".into(),
+        };
+        let _ = writeln!(out, "{:<9} {:<22} {:<14} {felix}", n.name, n.netns, n.ip);
+    }
+    let _ = writeln!(out, "POD       NODE      ADDRESS        PORTS");
+    for p in &st.pods {
+        let ports = st
+            .topology
+            .pod(&p.id)
+            .map(|s| format!("tcp {:?} udp {:?}", s.tcp, s.udp))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{:<9} {:<9} {:<14} {ports}",
+            p.id,
+            p.node,
+            p.ip.as_deref().unwrap_or("-")
+        );
+    }
+}
+
+fn status(which: &Which, json: bool, out: &mut dyn Write) -> Result<u8, LabError> {
+    let st = load(which)?;
+    if json {
+        let nodes: Vec<Value> = st
+            .nodes
+            .iter()
+            .map(|n| {
+                let s = felix_status(&st, &n.name);
+                serde_json::json!({
+                    "name": n.name, "netns": n.netns, "ip": n.ip,
+                    "ready": s.as_ref().map(|s| s["ready"].clone()),
+                    "dataplane_in_sync": s.as_ref().map(|s| s["dataplane"]["in_sync"].clone()),
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({"name": st.name, "datastore": st.datastore, "nodes": nodes, "pods": st.pods});
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&doc).unwrap_or_default()
+        );
+    } else {
+        print_status(&st, out);
+    }
+    Ok(0)
+}
+
+fn down(which: &Which, out: &mut dyn Write) -> Result<u8, LabError> {
+    check_name(&which.name).map_err(other)?;
+    let dir = which.dir();
+    let prefix = match LabState::load(&dir) {
+        Ok(st) => {
+            for pid_file in st.pid_files() {
+                net::kill_pid_file(&pid_file);
+            }
+            st.prefix
+        }
+        Err(_) => format!("mgy-{}-", which.name),
+    };
+    // Anything still running with the lab's directory in its command line.
+    let needle = dir.display().to_string();
+    net::kill_where(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).contains(needle.as_str()))
+            .unwrap_or(false)
+    });
+    let namespaces = net::netns_with_prefix(&prefix);
+    let failed = net::remove_netns(&namespaces);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = writeln!(
+        out,
+        "lab {:?} removed ({} namespaces)",
+        which.name,
+        namespaces.len() - failed.len()
+    );
+    if failed.is_empty() {
+        Ok(0)
+    } else {
+        Err(other(format!(
+            "could not delete namespaces {failed:?}; remove them with `ip netns delete NAME`"
+        )))
+    }
+}
+
+/// One probe between pods (true: reached).
+pub fn probe(
+    st: &LabState,
+    from: &str,
+    to: &str,
+    port: u16,
+    udp: bool,
+    timeout_ms: u64,
+) -> Result<bool, LabError> {
+    let src = st
+        .pod(from)
+        .ok_or_else(|| other(format!("no pod {from:?} (pods: {:?})", pod_ids(st))))?;
+    let dst = st
+        .pod(to)
+        .ok_or_else(|| other(format!("no pod {to:?} (pods: {:?})", pod_ids(st))))?;
+    let ip = dst
+        .ip
+        .as_deref()
+        .ok_or_else(|| other(format!("pod {to} has no address yet")))?;
+    let mut c = net::in_netns(&src.netns, exe()?);
+    c.args([
+        "lab",
+        "connect",
+        "--to",
+        ip,
+        "--port",
+        &port.to_string(),
+        "--timeout-ms",
+        &timeout_ms.to_string(),
+    ]);
+    if udp {
+        c.arg("--udp");
+    }
+    let status = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| other(format!("probing {from} -> {to}: {e}")))?;
+    Ok(status.success())
+}
+
+fn pod_ids(st: &LabState) -> Vec<&str> {
+    st.pods.iter().map(|p| p.id.as_str()).collect()
+}
+
+fn udp_flag(protocol: &str) -> Result<bool, LabError> {
+    match protocol {
+        "tcp" => Ok(false),
+        "udp" => Ok(true),
+        other_p => Err(other(format!("--protocol {other_p:?}: use tcp or udp"))),
+    }
+}
+
+fn probe_cmd(
+    which: &Which,
+    from: &str,
+    to: &str,
+    port: u16,
+    protocol: &str,
+    timeout_ms: u64,
+    out: &mut dyn Write,
+) -> Result<u8, LabError> {
+    let st = load(which)?;
+    let ok = probe(&st, from, to, port, udp_flag(protocol)?, timeout_ms)?;
+    let _ = writeln!(
+        out,
+        "{from} -> {to} {protocol}/{port}: {}",
+        if ok { "allowed" } else { "denied" }
+    );
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// Every pod to every pod (itself included), probed in parallel.
+pub fn matrix(
+    st: &LabState,
+    port: u16,
+    udp: bool,
+    timeout_ms: u64,
+) -> Result<BTreeMap<String, BTreeMap<String, bool>>, LabError> {
+    let pairs: Vec<(String, String)> = st
+        .pods
+        .iter()
+        .flat_map(|a| st.pods.iter().map(move |b| (a.id.clone(), b.id.clone())))
+        .collect();
+    let mut out: BTreeMap<String, BTreeMap<String, bool>> = BTreeMap::new();
+    for chunk in pairs.chunks(32) {
+        let results: Vec<Result<(String, String, bool), LabError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|(a, b)| {
+                    s.spawn(move || {
+                        probe(st, a, b, port, udp, timeout_ms).map(|ok| (a.clone(), b.clone(), ok))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(other("a probe thread panicked")))
+                })
+                .collect()
+        });
+        for r in results {
+            let (a, b, ok) = r?;
+            out.entry(a).or_default().insert(b, ok);
+        }
+    }
+    Ok(out)
+}
+
+/// The matrix as a grid: rows are sources, columns destinations.
+pub fn render_matrix(m: &BTreeMap<String, BTreeMap<String, bool>>, colour: bool) -> String {
+    let cols: Vec<&String> = m
+        .values()
+        .next()
+        .map(|r| r.keys().collect())
+        .unwrap_or_default();
+    let mut s = String::from("from\\to ");
+    for c in &cols {
+        s.push_str(&format!("{c:>5}"));
+    }
+    s.push('\n');
+    for (row, cells) in m {
+        s.push_str(&format!("{row:<8}"));
+        for c in &cols {
+            let ok = cells.get(*c).copied().unwrap_or(false);
+            let mark = match (ok, colour) {
+                (true, true) => "\x1b[32m    .\x1b[0m".to_string(),
+                (false, true) => "\x1b[31m    X\x1b[0m".to_string(),
+                (true, false) => "    .".to_string(),
+                (false, false) => "    X".to_string(),
+            };
+            s.push_str(&mark);
+        }
+        s.push('\n');
+    }
+    s.push_str("(. reached, X blocked)\n");
+    s
+}
+
+fn matrix_cmd(
+    which: &Which,
+    port: u16,
+    protocol: &str,
+    timeout_ms: u64,
+    output: &str,
+    out: &mut dyn Write,
+) -> Result<u8, LabError> {
+    let st = load(which)?;
+    let m = matrix(&st, port, udp_flag(protocol)?, timeout_ms)?;
+    match output {
+        "json" => {
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&m).unwrap_or_default()
+            );
+        }
+        "table" => {
+            let _ = writeln!(out, "{protocol}/{port}:");
+            let _ = write!(
+                out,
+                "{}",
+                render_matrix(&m, std::io::stdout().is_terminal())
+            );
+        }
+        other_o => return Err(other(format!("-o {other_o:?}: use table or json"))),
+    }
+    Ok(0)
+}
+
+fn exec_cmd(which: &Which, pod: &str, command: &[String]) -> Result<u8, LabError> {
+    let st = load(which)?;
+    let p = st
+        .pod(pod)
+        .ok_or_else(|| other(format!("no pod {pod:?} (pods: {:?})", pod_ids(&st))))?;
+    let Some((prog, args)) = command.split_first() else {
+        return Err(other("exec: give a command after --"));
+    };
+    let status = net::in_netns(&p.netns, prog)
+        .args(args)
+        .status()
+        .map_err(|e| other(format!("exec in {pod}: {e}")))?;
+    Ok(status.code().map_or(1, |c| u8::try_from(c).unwrap_or(1)))
+}
+
+fn ctl_cmd(which: &Which, args: &[String]) -> Result<u8, LabError> {
+    let st = load(which)?;
+    let status = margay_in(&st, &st.fabric_netns())?
+        .arg("ctl")
+        .args(args)
+        .status()
+        .map_err(|e| other(format!("margay ctl: {e}")))?;
+    Ok(status.code().map_or(1, |c| u8::try_from(c).unwrap_or(1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matrix_renders_a_grid() {
+        let m = BTreeMap::from([
+            (
+                "x/a".to_string(),
+                BTreeMap::from([("x/a".to_string(), true), ("x/b".to_string(), false)]),
+            ),
+            (
+                "x/b".to_string(),
+                BTreeMap::from([("x/a".to_string(), true), ("x/b".to_string(), true)]),
+            ),
+        ]);
+        let text = render_matrix(&m, false);
+        assert!(text.contains("x/a      .    X"), "{text}");
+        assert!(text.contains("x/b      .    ."), "{text}");
+    }
+}

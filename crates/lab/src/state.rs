@@ -1,0 +1,181 @@
+//! What a running lab consists of, persisted as JSON so any later command (and `down` after a
+//! crash) can find it.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::topology::Topology;
+
+/// Default parent of every lab's directory.
+pub const DEFAULT_STATE_ROOT: &str = "/var/run/margay/lab";
+/// The fabric's subnet: the bridge is .1, nodes are .11, .12, ...
+pub const FABRIC_PREFIX: &str = "172.30.0";
+pub const POD_CIDR: &str = "10.244.0.0/16";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeState {
+    pub name: String,
+    pub netns: String,
+    pub ip: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodState {
+    /// `namespace/name`.
+    pub id: String,
+    pub netns: String,
+    pub node: String,
+    pub container_id: String,
+    pub ip: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabState {
+    pub name: String,
+    pub dir: PathBuf,
+    /// Namespace name prefix (`mgy-<name>-`).
+    pub prefix: String,
+    /// `local` or `etcd`.
+    pub datastore: String,
+    pub backend: String,
+    pub topology: Topology,
+    pub nodes: Vec<NodeState>,
+    pub pods: Vec<PodState>,
+}
+
+impl LabState {
+    pub fn new(
+        name: &str,
+        dir: &Path,
+        datastore: &str,
+        backend: &str,
+        topology: Topology,
+    ) -> LabState {
+        let prefix = format!("mgy-{name}-");
+        let nodes = topology
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeState {
+                name: n.clone(),
+                netns: format!("{prefix}{n}"),
+                ip: format!("{FABRIC_PREFIX}.{}", 11 + i),
+            })
+            .collect();
+        let pods = topology
+            .pods
+            .iter()
+            .map(|p| PodState {
+                id: p.id(),
+                netns: format!("{prefix}{}-{}", p.namespace, p.name),
+                node: p.node.clone(),
+                container_id: format!("lab{name}{}{}", p.namespace, p.name).replace('-', ""),
+                ip: None,
+            })
+            .collect();
+        LabState {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            prefix,
+            datastore: datastore.to_string(),
+            backend: backend.to_string(),
+            topology,
+            nodes,
+            pods,
+        }
+    }
+
+    pub fn fabric_netns(&self) -> String {
+        format!("{}fabric", self.prefix)
+    }
+
+    pub fn state_file(dir: &Path) -> PathBuf {
+        dir.join("state.json")
+    }
+
+    pub fn load(dir: &Path) -> std::io::Result<LabState> {
+        let text = std::fs::read_to_string(Self::state_file(dir))?;
+        serde_json::from_str(&text)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+
+    pub fn save(&self) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.dir)?;
+        let tmp = self.dir.join("state.json.tmp");
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(tmp, Self::state_file(&self.dir))
+    }
+
+    /// The datastore as environment variables (the same for every process of the lab).
+    pub fn datastore_env(&self) -> Vec<(String, String)> {
+        match self.datastore.as_str() {
+            "etcd" => vec![
+                ("DATASTORE_TYPE".into(), "etcdv3".into()),
+                (
+                    "ETCD_ENDPOINTS".into(),
+                    format!("http://{FABRIC_PREFIX}.1:2379"),
+                ),
+            ],
+            _ => vec![
+                ("DATASTORE_TYPE".into(), "local".into()),
+                (
+                    "DATASTORE_PATH".into(),
+                    self.dir.join("store.db").display().to_string(),
+                ),
+            ],
+        }
+    }
+
+    pub fn node_dir(&self, node: &str) -> PathBuf {
+        self.dir.join("nodes").join(node)
+    }
+
+    pub fn pod(&self, id: &str) -> Option<&PodState> {
+        self.pods.iter().find(|p| p.id == id)
+    }
+
+    pub fn node(&self, name: &str) -> Option<&NodeState> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// Every pid file of the lab's supervised processes.
+    pub fn pid_files(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for sub in ["nodes", "pods", "etcd"] {
+            collect_pid_files(&self.dir.join(sub), &mut out);
+        }
+        out
+    }
+}
+
+fn collect_pid_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            collect_pid_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "pid") {
+            out.push(p);
+        }
+    }
+}
+
+/// A lab name: short, lower-case letters and digits (it becomes part of namespace names).
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.len() > 10
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return Err(format!(
+            "lab name {name:?} must be 1-10 lower-case letters or digits"
+        ));
+    }
+    Ok(())
+}
