@@ -1089,7 +1089,7 @@ mod tests {
             ),
         ]);
         let text = render_matrix(&m, false);
-        assert!(text.contains("x/a      .    X"), "{text}");
-        assert!(text.contains("x/b      .    ."), "{text}");
+        assert!(text.contains("x/a         .    X"), "{text}");
+        assert!(text.contains("x/b         .    ."), "{text}");
     }
 }
