@@ -13,9 +13,18 @@ use std::path::Path;
 
 use nix::sched::CloneFlags;
 
-/// Opens a namespace file (`/run/netns/NAME`, `/proc/PID/ns/net`).
+/// Opens a network namespace file (`/run/netns/NAME`, `/proc/PID/ns/net`); a file that is not
+/// a namespace is refused (InvalidInput).
 pub fn open(path: &Path) -> io::Result<File> {
-    File::open(path)
+    let f = File::open(path)?;
+    let fs = nix::sys::statfs::fstatfs(&f).map_err(io::Error::from)?;
+    if fs.filesystem_type() != nix::sys::statfs::NSFS_MAGIC {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a namespace file (expected e.g. /run/netns/NAME or /proc/PID/ns/net)",
+        ));
+    }
+    Ok(f)
 }
 
 /// Runs `f` on a thread inside the namespace `ns` and returns its result.

@@ -196,6 +196,11 @@ fn dataplane_error(e: DataplaneError) -> CniError {
                 format!("{e} (CNI_NETNS must name the container's network namespace)"),
             )
         }
+        DataplaneError::Netns { source, .. }
+            if source.kind() == std::io::ErrorKind::InvalidInput =>
+        {
+            CniError::new(code::INVALID_ENV, format!("CNI_NETNS: {e}"))
+        }
         _ => CniError::new(code::DATAPLANE, e.to_string()),
     }
 }

@@ -749,6 +749,14 @@ fn bad_input_is_a_cni_error_and_writes_nothing() {
     ));
     assert_eq!(e["code"], 3, "{e}");
 
+    let not_ns = node.dir.path().join("nodename");
+    let e = error_of(&run_raw(&good, &[("CNI_NETNS", not_ns.to_str().unwrap())]));
+    assert_eq!(e["code"], 4, "{e}");
+    assert!(
+        e["msg"].as_str().unwrap().contains("not a namespace"),
+        "{e}"
+    );
+
     let mut v = conf.clone();
     v["nodename_file"] = json!(node.dir.path().join("missing-nodename"));
     let e = error_of(&run_raw(&v.to_string(), &[]));
