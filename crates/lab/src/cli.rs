@@ -582,6 +582,7 @@ fn build(mut st: LabState, progress: &Progress, err: &mut dyn Write) -> Result<L
             .ok_or_else(|| other(format!("pod {} vanished from the topology", pod.id)))?;
         net::add_netns(&pod.netns)?;
         let ip = cni(&st, &pod, &spec, "ADD")?;
+        add_named_ports(&st, &spec)?;
         st.pods[i].ip = Some(ip);
         st.save().map_err(|e| other(e.to_string()))?;
         let pods_dir = st.dir.join("pods");
@@ -632,6 +633,55 @@ fn build(mut st: LabState, progress: &Progress, err: &mut dyn Write) -> Result<L
     progress.step(err, "ready");
     st.save().map_err(|e| other(e.to_string()))?;
     Ok(st)
+}
+
+/// Gives the pod's endpoint named ports for what it serves (`serve-80-tcp`, `serve-81-udp`,
+/// as in Kubernetes' network-policy tests; a runtime would pass container ports).
+fn add_named_ports(st: &LabState, spec: &crate::topology::PodSpec) -> Result<(), LabError> {
+    if spec.tcp.is_empty() && spec.udp.is_empty() {
+        return Ok(());
+    }
+    let mut c = margay_in(st, &st.fabric_netns())?;
+    c.args([
+        "ctl",
+        "get",
+        "workloadendpoints",
+        "-n",
+        &spec.namespace,
+        "-o",
+        "json",
+    ]);
+    let text = net::run(&mut c)?;
+    let doc: Value = serde_json::from_str(&text)
+        .map_err(|e| other(format!("reading endpoints of {}: {e}", spec.namespace)))?;
+    let items: Vec<Value> = match doc.get("items").and_then(Value::as_array) {
+        Some(items) => items.clone(),
+        None => vec![doc],
+    };
+    let Some(mut wep) = items
+        .into_iter()
+        .find(|w| w["spec"]["pod"].as_str() == Some(spec.name.as_str()))
+    else {
+        return Err(other(format!(
+            "no endpoint for pod {} after CNI ADD",
+            spec.id()
+        )));
+    };
+    let ports: Vec<Value> = spec
+        .tcp
+        .iter()
+        .map(
+            |p| serde_json::json!({"name": format!("serve-{p}-tcp"), "protocol": "TCP", "port": p}),
+        )
+        .chain(spec.udp.iter().map(
+            |p| serde_json::json!({"name": format!("serve-{p}-udp"), "protocol": "UDP", "port": p}),
+        ))
+        .collect();
+    wep["spec"]["ports"] = Value::Array(ports);
+    if let Some(meta) = wep["metadata"].as_object_mut() {
+        meta.remove("resourceVersion");
+    }
+    apply_yaml(st, &wep.to_string())
 }
 
 /// Runs the CNI plugin for a pod (ADD returns the pod's address).
@@ -960,7 +1010,8 @@ pub fn matrix(
         .flat_map(|a| st.pods.iter().map(move |b| (a.id.clone(), b.id.clone())))
         .collect();
     let mut out: BTreeMap<String, BTreeMap<String, bool>> = BTreeMap::new();
-    for chunk in pairs.chunks(32) {
+    // All at once (bounded): a matrix costs about one probe timeout.
+    for chunk in pairs.chunks(128) {
         let results: Vec<Result<(String, String, bool), LabError>> = std::thread::scope(|s| {
             let handles: Vec<_> = chunk
                 .iter()
