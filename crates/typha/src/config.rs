@@ -1,0 +1,419 @@
+//! Typha's configuration (pure): Calico's parameter names and defaults, read from `TYPHA_*`
+//! environment variables (case-insensitive) over `/etc/calico/typha.cfg` (INI, sections
+//! flattened) over the defaults. margay's own additions are marked as such.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Typha's port (Calico's syncserver default).
+pub const DEFAULT_PORT: u16 = 5473;
+pub const DEFAULT_CONFIG_FILE: &str = "/etc/calico/typha.cfg";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid Typha configuration: {param}={value:?} (from {source_name}): {reason}")]
+pub struct ConfigError {
+    pub param: &'static str,
+    pub value: String,
+    pub source_name: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TyphaConfig {
+    pub log_severity_screen: String,
+    pub health_enabled: bool,
+    pub health_host: String,
+    pub health_port: u16,
+    pub prometheus_metrics_enabled: bool,
+    pub prometheus_metrics_host: String,
+    pub prometheus_metrics_port: u16,
+    pub snapshot_cache_max_batch_size: usize,
+    pub server_max_message_size: usize,
+    pub server_max_fall_behind: Duration,
+    pub server_new_client_fall_behind_grace_period: Duration,
+    pub server_min_batching_age: Duration,
+    pub server_ping_interval: Duration,
+    pub server_pong_timeout: Duration,
+    pub server_handshake_timeout: Duration,
+    pub server_write_timeout: Duration,
+    pub server_port: u16,
+    pub server_host: String,
+    pub server_key_file: String,
+    pub server_cert_file: String,
+    pub ca_file: String,
+    pub client_cn: String,
+    pub client_uri_san: String,
+    pub connection_drop_interval: Duration,
+    pub shutdown_timeout: Duration,
+    pub max_connections_upper_limit: usize,
+    pub max_connections_lower_limit: usize,
+    /// margay: a fixed connection limit (0: Calico's formula when the cluster size is known,
+    /// else the upper limit).
+    pub max_connections: usize,
+    /// margay: nodes in the cluster, for Calico's formula (0: unknown).
+    pub cluster_nodes: usize,
+    /// margay: Typha replicas, for Calico's formula (0: unknown).
+    pub typha_replicas: usize,
+    /// margay: how long a client asked to migrate has to move before the connection is closed.
+    pub migration_grace: Duration,
+    /// margay: the maximum frame a client may send (Calico: 1 MiB).
+    pub server_max_inbound_bytes: usize,
+    /// margay: the syncer types served (`felix`, `bgp`).
+    pub syncer_types: Vec<String>,
+}
+
+impl Default for TyphaConfig {
+    fn default() -> Self {
+        TyphaConfig {
+            log_severity_screen: "INFO".into(),
+            health_enabled: false,
+            health_host: "localhost".into(),
+            health_port: 9098,
+            prometheus_metrics_enabled: false,
+            prometheus_metrics_host: String::new(),
+            prometheus_metrics_port: 9093,
+            snapshot_cache_max_batch_size: 100,
+            server_max_message_size: 100,
+            server_max_fall_behind: Duration::from_secs(300),
+            server_new_client_fall_behind_grace_period: Duration::from_secs(300),
+            server_min_batching_age: Duration::from_millis(10),
+            server_ping_interval: Duration::from_secs(10),
+            server_pong_timeout: Duration::from_secs(60),
+            server_handshake_timeout: Duration::from_secs(10),
+            server_write_timeout: Duration::from_secs(120),
+            server_port: DEFAULT_PORT,
+            server_host: String::new(),
+            server_key_file: String::new(),
+            server_cert_file: String::new(),
+            ca_file: String::new(),
+            client_cn: String::new(),
+            client_uri_san: String::new(),
+            connection_drop_interval: Duration::from_secs(1),
+            shutdown_timeout: Duration::from_secs(300),
+            max_connections_upper_limit: 10_000,
+            max_connections_lower_limit: 400,
+            max_connections: 0,
+            cluster_nodes: 0,
+            typha_replicas: 0,
+            migration_grace: Duration::from_secs(30),
+            server_max_inbound_bytes: crate::proto::DEFAULT_MAX_SERVER_INBOUND,
+            syncer_types: vec!["felix".into(), "bgp".into()],
+        }
+    }
+}
+
+/// Calico's connection limit: max(lower, syncerTypes × (1 + nodes×120/(typhas−1)/100)),
+/// capped at `upper`. With one Typha (or an unknown size) the limit is `upper`.
+pub fn connection_limit(
+    syncer_types: usize,
+    nodes: usize,
+    typhas: usize,
+    lower: usize,
+    upper: usize,
+) -> usize {
+    if nodes == 0 || typhas <= 1 {
+        return upper;
+    }
+    let per_type = 1 + nodes * 120 / (typhas - 1) / 100;
+    (syncer_types * per_type).max(lower).min(upper)
+}
+
+impl TyphaConfig {
+    /// The connection limit in force.
+    pub fn connection_limit(&self) -> usize {
+        if self.max_connections > 0 {
+            return self.max_connections;
+        }
+        connection_limit(
+            self.syncer_types.len(),
+            self.cluster_nodes,
+            self.typha_replicas,
+            self.max_connections_lower_limit,
+            self.max_connections_upper_limit,
+        )
+    }
+
+    /// Whether TLS is configured (all of key, cert, CA and CN or URI SAN).
+    pub fn tls_configured(&self) -> bool {
+        !self.server_key_file.is_empty()
+    }
+
+    /// Loads from the environment (`TYPHA_*`) over the config file's text over the defaults.
+    pub fn load(
+        env: &BTreeMap<String, String>,
+        file_text: Option<&str>,
+    ) -> Result<TyphaConfig, ConfigError> {
+        let mut raw: BTreeMap<String, (String, String)> = BTreeMap::new();
+        if let Some(text) = file_text {
+            for line in text.lines() {
+                let line = line.trim();
+                if line.is_empty() || line.starts_with(['#', ';', '[']) {
+                    continue;
+                }
+                if let Some((k, v)) = line.split_once('=') {
+                    raw.insert(
+                        k.trim().to_ascii_lowercase(),
+                        (v.trim().to_string(), "config file".into()),
+                    );
+                }
+            }
+        }
+        for (k, v) in env {
+            if k.len() > 6 && k[..6].eq_ignore_ascii_case("TYPHA_") {
+                raw.insert(
+                    k[6..].to_ascii_lowercase(),
+                    (v.clone(), format!("environment variable {k}")),
+                );
+            }
+        }
+        let mut c = TyphaConfig::default();
+        for (name, (value, source)) in &raw {
+            if value.is_empty() {
+                continue;
+            }
+            c.set(name, value).map_err(|(param, reason)| ConfigError {
+                param,
+                value: value.clone(),
+                source_name: source.clone(),
+                reason,
+            })?;
+        }
+        c.check()?;
+        Ok(c)
+    }
+
+    fn set(&mut self, name: &str, v: &str) -> Result<(), (&'static str, String)> {
+        fn secs(p: &'static str, v: &str) -> Result<Duration, (&'static str, String)> {
+            v.parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Duration::from_secs_f64)
+                .ok_or((p, "expected a number of seconds".into()))
+        }
+        fn num(p: &'static str, v: &str, min: usize) -> Result<usize, (&'static str, String)> {
+            v.parse::<usize>()
+                .ok()
+                .filter(|n| *n >= min)
+                .ok_or((p, format!("expected a whole number of at least {min}")))
+        }
+        fn port(p: &'static str, v: &str) -> Result<u16, (&'static str, String)> {
+            v.parse::<u16>()
+                .map_err(|_| (p, "expected a port number (0-65535)".to_string()))
+        }
+        fn boolean(p: &'static str, v: &str) -> Result<bool, (&'static str, String)> {
+            match v.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "y" | "t" => Ok(true),
+                "false" | "0" | "no" | "n" | "f" => Ok(false),
+                _ => Err((p, "expected true or false".into())),
+            }
+        }
+        match name {
+            "logseverityscreen" => self.log_severity_screen = v.to_string(),
+            "healthenabled" => self.health_enabled = boolean("HealthEnabled", v)?,
+            "healthhost" => self.health_host = v.to_string(),
+            "healthport" => self.health_port = port("HealthPort", v)?,
+            "prometheusmetricsenabled" => {
+                self.prometheus_metrics_enabled = boolean("PrometheusMetricsEnabled", v)?
+            }
+            "prometheusmetricshost" => self.prometheus_metrics_host = v.to_string(),
+            "prometheusmetricsport" => {
+                self.prometheus_metrics_port = port("PrometheusMetricsPort", v)?
+            }
+            "snapshotcachemaxbatchsize" => {
+                self.snapshot_cache_max_batch_size = num("SnapshotCacheMaxBatchSize", v, 1)?
+            }
+            "servermaxmessagesize" => {
+                self.server_max_message_size = num("ServerMaxMessageSize", v, 1)?
+            }
+            "servermaxfallbehindsecs" => {
+                self.server_max_fall_behind = secs("ServerMaxFallBehindSecs", v)?
+            }
+            "servernewclientfallbehindgraceperiod" => {
+                self.server_new_client_fall_behind_grace_period =
+                    secs("ServerNewClientFallBehindGracePeriod", v)?
+            }
+            "serverminbatchingagethresholdsecs" => {
+                self.server_min_batching_age = secs("ServerMinBatchingAgeThresholdSecs", v)?
+            }
+            "serverpingintervalsecs" => {
+                self.server_ping_interval = secs("ServerPingIntervalSecs", v)?
+            }
+            "serverpongtimeoutsecs" => self.server_pong_timeout = secs("ServerPongTimeoutSecs", v)?,
+            "serverhandshaketimeoutsecs" => {
+                self.server_handshake_timeout = secs("ServerHandshakeTimeoutSecs", v)?
+            }
+            "serverwritetimeoutsecs" => {
+                self.server_write_timeout = secs("ServerWriteTimeoutSecs", v)?
+            }
+            "serverport" => {
+                let p = port("ServerPort", v)?;
+                self.server_port = if p == 0 { DEFAULT_PORT } else { p };
+            }
+            "serverhost" => self.server_host = v.to_string(),
+            "serverkeyfile" => self.server_key_file = v.to_string(),
+            "servercertfile" => self.server_cert_file = v.to_string(),
+            "cafile" => self.ca_file = v.to_string(),
+            "clientcn" => self.client_cn = v.to_string(),
+            "clienturisan" => self.client_uri_san = v.to_string(),
+            "connectiondropintervalsecs" => {
+                self.connection_drop_interval = secs("ConnectionDropIntervalSecs", v)?
+            }
+            "shutdowntimeoutsecs" => self.shutdown_timeout = secs("ShutdownTimeoutSecs", v)?,
+            "maxconnectionsupperlimit" => {
+                self.max_connections_upper_limit = num("MaxConnectionsUpperLimit", v, 1)?
+            }
+            "maxconnectionslowerlimit" => {
+                self.max_connections_lower_limit = num("MaxConnectionsLowerLimit", v, 1)?
+            }
+            "maxconnections" => self.max_connections = num("MaxConnections", v, 0)?,
+            "clusternodes" => self.cluster_nodes = num("ClusterNodes", v, 0)?,
+            "replicas" => self.typha_replicas = num("Replicas", v, 0)?,
+            "migrationgracesecs" => self.migration_grace = secs("MigrationGraceSecs", v)?,
+            "servermaxinboundbytes" => {
+                self.server_max_inbound_bytes = num("ServerMaxInboundBytes", v, 1024)?
+            }
+            "syncertypes" => {
+                let types: Vec<String> = v
+                    .split(',')
+                    .map(|s| s.trim().to_ascii_lowercase())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                if let Some(bad) = types
+                    .iter()
+                    .find(|t| crate::syncers::SyncerType::parse(t).is_none())
+                {
+                    return Err((
+                        "SyncerTypes",
+                        format!("unknown syncer type {bad:?} (margay serves felix and bgp)"),
+                    ));
+                }
+                self.syncer_types = types;
+            }
+            // Parameters of Calico's Typha that margay accepts and does not act on
+            // (the datastore comes from DATASTORE_TYPE / ETCD_*, as for every role).
+            _ => {
+                tracing::debug!(
+                    param = name,
+                    "ignoring a Typha parameter margay does not use"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// All-or-none TLS, with errors that say what is missing.
+    fn check(&self) -> Result<(), ConfigError> {
+        let parts = [
+            ("ServerKeyFile", &self.server_key_file),
+            ("ServerCertFile", &self.server_cert_file),
+            ("CAFile", &self.ca_file),
+        ];
+        let any = parts.iter().any(|(_, v)| !v.is_empty())
+            || !self.client_cn.is_empty()
+            || !self.client_uri_san.is_empty();
+        if !any {
+            return Ok(());
+        }
+        let missing: Vec<&str> = parts
+            .iter()
+            .filter(|(_, v)| v.is_empty())
+            .map(|(n, _)| *n)
+            .collect();
+        if !missing.is_empty() || (self.client_cn.is_empty() && self.client_uri_san.is_empty()) {
+            let mut what: Vec<String> = missing.iter().map(|s| s.to_string()).collect();
+            if self.client_cn.is_empty() && self.client_uri_san.is_empty() {
+                what.push("ClientCN or ClientURISAN".into());
+            }
+            return Err(ConfigError {
+                param: "ServerKeyFile/ServerCertFile/CAFile/ClientCN/ClientURISAN",
+                value: String::new(),
+                source_name: "TLS settings".into(),
+                reason: format!(
+                    "TLS needs all of ServerKeyFile, ServerCertFile, CAFile and ClientCN or \
+                     ClientURISAN; missing: {} (set TYPHA_{} or unset every TLS setting)",
+                    what.join(", "),
+                    what.first()
+                        .map(|s| s.split(' ').next().unwrap_or_default().to_ascii_uppercase())
+                        .unwrap_or_default()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_are_calicos() {
+        let c = TyphaConfig::load(&BTreeMap::new(), None).unwrap();
+        assert_eq!(c.server_port, 5473);
+        assert_eq!(c.health_port, 9098);
+        assert_eq!(c.prometheus_metrics_port, 9093);
+        assert_eq!(c.server_max_message_size, 100);
+        assert_eq!(c.server_ping_interval, Duration::from_secs(10));
+        assert_eq!(c.server_pong_timeout, Duration::from_secs(60));
+        assert_eq!(c.server_handshake_timeout, Duration::from_secs(10));
+        assert_eq!(c.server_write_timeout, Duration::from_secs(120));
+        assert_eq!(c.server_min_batching_age, Duration::from_millis(10));
+        assert_eq!(c.server_max_fall_behind, Duration::from_secs(300));
+        assert_eq!(c.shutdown_timeout, Duration::from_secs(300));
+        assert_eq!(c.server_max_inbound_bytes, 1 << 20);
+        assert_eq!(c.connection_limit(), 10_000);
+    }
+
+    #[test]
+    fn environment_beats_file() {
+        let file = "[global]\nServerPort = 6000\nHealthEnabled = true\n";
+        let c = TyphaConfig::load(&env(&[("typha_serverport", "7000")]), Some(file)).unwrap();
+        assert_eq!(c.server_port, 7000);
+        assert!(c.health_enabled);
+        let e = TyphaConfig::load(&env(&[("TYPHA_HEALTHPORT", "x")]), None).unwrap_err();
+        assert!(e.to_string().contains("HealthPort"), "{e}");
+        assert!(e.to_string().contains("TYPHA_HEALTHPORT"), "{e}");
+    }
+
+    #[test]
+    fn tls_is_all_or_none() {
+        let e = TyphaConfig::load(
+            &env(&[("TYPHA_SERVERKEYFILE", "/k"), ("TYPHA_CAFILE", "/ca")]),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("ServerCertFile") && e.contains("ClientCN"),
+            "{e}"
+        );
+        let c = TyphaConfig::load(
+            &env(&[
+                ("TYPHA_SERVERKEYFILE", "/k"),
+                ("TYPHA_SERVERCERTFILE", "/c"),
+                ("TYPHA_CAFILE", "/ca"),
+                ("TYPHA_CLIENTCN", "felix"),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert!(c.tls_configured());
+    }
+
+    #[test]
+    fn calicos_connection_formula() {
+        // 1000 nodes, 3 typhas, 2 syncer types: 2 × (1 + 1000×120/2/100) = 1202.
+        assert_eq!(connection_limit(2, 1000, 3, 400, 10_000), 1202);
+        assert_eq!(connection_limit(2, 10, 3, 400, 10_000), 400);
+        assert_eq!(connection_limit(2, 100_000, 3, 400, 10_000), 10_000);
+        assert_eq!(connection_limit(2, 1000, 1, 400, 10_000), 10_000);
+    }
+}

@@ -1,0 +1,743 @@
+//! Typha's server: accepts clients, hands each the snapshot of its syncer type and then the
+//! crumbs as they are published.
+//!
+//! Per connection: one reader task (pongs; anything malformed closes this connection only)
+//! and one writer task that walks the crumb chain. Nothing is queued per client: the writer
+//! writes the shared, pre-encoded frames of the crumb it is at straight to the socket, so a
+//! client that does not read blocks only its own writer (dropped after the write timeout),
+//! and memory per client is its task, its socket buffers and its place in the chain. A client
+//! more than MaxFallBehind behind the newest crumb is disconnected.
+//!
+//! Balancing: over the connection limit, one connection per drop interval is asked to migrate
+//! (a client that does not know `Migrate` is closed, as Calico does); on shutdown every
+//! connection is asked, spread over the drain period. A migrating client connects elsewhere,
+//! reaches in-sync there and only then closes this connection; after the grace period the
+//! server closes it anyway.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use margay_datastore::SyncStatus;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, watch};
+
+use crate::cache::{CacheReader, Crumb, Frames};
+use crate::config::TyphaConfig;
+use crate::proto::{self, ClientHello, Message, ServerHello, codes};
+use crate::syncers::SyncerType;
+use crate::tls::ServerTls;
+use crate::wire::{self, ReadError};
+
+/// Server settings (from [`TyphaConfig`]).
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub max_kvs_per_msg: usize,
+    /// Target payload of one KV frame.
+    pub max_frame_payload: usize,
+    pub ping_interval: Duration,
+    pub pong_timeout: Duration,
+    pub handshake_timeout: Duration,
+    pub write_timeout: Duration,
+    pub max_fall_behind: Duration,
+    pub new_client_grace: Duration,
+    pub max_inbound: usize,
+    pub connection_limit: usize,
+    pub migration_grace: Duration,
+    pub drop_interval: Duration,
+    pub shutdown_timeout: Duration,
+    /// Clients joining within this long of a computed snapshot share it (and catch up
+    /// through the crumbs published since).
+    pub snapshot_reuse: Duration,
+    pub server_id: String,
+}
+
+impl ServerOptions {
+    pub fn from_config(c: &TyphaConfig, server_id: String) -> ServerOptions {
+        ServerOptions {
+            max_kvs_per_msg: c.server_max_message_size,
+            max_frame_payload: 256 << 10,
+            ping_interval: c.server_ping_interval,
+            pong_timeout: c.server_pong_timeout,
+            handshake_timeout: c.server_handshake_timeout,
+            write_timeout: c.server_write_timeout,
+            max_fall_behind: c.server_max_fall_behind,
+            new_client_grace: c.server_new_client_fall_behind_grace_period,
+            max_inbound: c.server_max_inbound_bytes,
+            connection_limit: c.connection_limit(),
+            migration_grace: c.migration_grace,
+            drop_interval: c.connection_drop_interval,
+            shutdown_timeout: c.shutdown_timeout,
+            snapshot_reuse: Duration::from_secs(1),
+            server_id,
+        }
+    }
+}
+
+/// Server counters (exported as metrics).
+#[derive(Debug, Default)]
+pub struct ServerStats {
+    pub accepted: AtomicU64,
+    pub active: AtomicU64,
+    pub handshake_failures: AtomicU64,
+    pub tls_failures: AtomicU64,
+    pub version_mismatches: AtomicU64,
+    pub bad_frames: AtomicU64,
+    pub dropped_fall_behind: AtomicU64,
+    pub dropped_write_timeout: AtomicU64,
+    pub dropped_pong_timeout: AtomicU64,
+    pub migrations_requested: AtomicU64,
+    pub closed_after_grace: AtomicU64,
+    pub refused_full: AtomicU64,
+    pub snapshots_encoded: AtomicU64,
+    pub snapshots_shared: AtomicU64,
+    pub frames_sent: AtomicU64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Command {
+    None,
+    Migrate { reason: String },
+    Close { reason: String },
+}
+
+struct ConnEntry {
+    syncer: SyncerType,
+    can_migrate: bool,
+    commands: watch::Sender<Command>,
+    asked: bool,
+}
+
+pub struct Server {
+    opts: ServerOptions,
+    caches: HashMap<SyncerType, CacheReader>,
+    tls: Option<ServerTls>,
+    conns: Mutex<HashMap<u64, ConnEntry>>,
+    next_id: AtomicU64,
+    /// Per (syncer type, compressed): the crumb whose snapshot was computed last.
+    snapshot_base: Mutex<HashMap<(SyncerType, bool), Arc<Crumb>>>,
+    shutting_down: AtomicBool,
+    pub stats: ServerStats,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+impl Server {
+    pub fn new(
+        opts: ServerOptions,
+        caches: HashMap<SyncerType, CacheReader>,
+        tls: Option<ServerTls>,
+    ) -> Arc<Server> {
+        Arc::new(Server {
+            opts,
+            caches,
+            tls,
+            conns: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            snapshot_base: Mutex::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+            stats: ServerStats::default(),
+        })
+    }
+
+    pub fn options(&self) -> &ServerOptions {
+        &self.opts
+    }
+
+    /// Connected clients.
+    pub fn connections(&self) -> usize {
+        lock(&self.conns).len()
+    }
+
+    /// Connected clients per syncer type.
+    pub fn connections_by_type(&self) -> Vec<(SyncerType, usize)> {
+        let conns = lock(&self.conns);
+        SyncerType::ALL
+            .iter()
+            .map(|t| (*t, conns.values().filter(|c| c.syncer == *t).count()))
+            .collect()
+    }
+
+    /// Accepts clients until `stop` turns true.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+        let housekeeping = tokio::spawn(self.clone().housekeeping(stop.clone()));
+        loop {
+            tokio::select! {
+                r = listener.accept() => match r {
+                    Ok((stream, peer)) => {
+                        self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                        let s = self.clone();
+                        tokio::spawn(async move { s.handle(stream, peer).await });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                _ = stop.changed() => break,
+            }
+            if *stop.borrow() {
+                break;
+            }
+        }
+        housekeeping.abort();
+    }
+
+    /// Drops stale shared snapshots; over the limit, asks one connection per drop interval
+    /// to migrate.
+    async fn housekeeping(self: Arc<Self>, _stop: watch::Receiver<bool>) {
+        let mut tick =
+            tokio::time::interval(self.opts.drop_interval.max(Duration::from_millis(10)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut rng = now_ms() | 1;
+        loop {
+            tick.tick().await;
+            let reuse = self.opts.snapshot_reuse;
+            lock(&self.snapshot_base).retain(|_, c| c.at.elapsed() <= reuse * 2);
+            if self.shutting_down.load(Ordering::Relaxed) {
+                continue;
+            }
+            let mut conns = lock(&self.conns);
+            let unasked: Vec<u64> = conns
+                .iter()
+                .filter(|(_, c)| !c.asked)
+                .map(|(id, _)| *id)
+                .collect();
+            if unasked.len() > self.opts.connection_limit {
+                // xorshift: a pseudo-random victim, as Calico drops a random connection.
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let id = unasked[(rng % unasked.len() as u64) as usize];
+                if let Some(c) = conns.get_mut(&id) {
+                    c.asked = true;
+                    self.stats
+                        .migrations_requested
+                        .fetch_add(1, Ordering::Relaxed);
+                    let cmd = if c.can_migrate {
+                        Command::Migrate {
+                            reason: format!(
+                                "this Typha has {} connections, over its limit of {}",
+                                unasked.len(),
+                                self.opts.connection_limit
+                            ),
+                        }
+                    } else {
+                        Command::Close {
+                            reason: "over the connection limit".into(),
+                        }
+                    };
+                    let _ = c.commands.send(cmd);
+                }
+            }
+        }
+    }
+
+    /// Graceful shutdown: stop taking clients (the caller stops `serve`), then ask every
+    /// connection to migrate, spread over the drain period (at most one per drop interval),
+    /// and wait until they are gone or the drain period is over.
+    pub async fn drain(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+        let deadline = Instant::now() + self.opts.shutdown_timeout;
+        let ids: Vec<u64> = lock(&self.conns).keys().copied().collect();
+        let n = ids.len().max(1) as u32;
+        let spacing = (self.opts.shutdown_timeout / 2 / n).min(self.opts.drop_interval);
+        tracing::info!(
+            connections = ids.len(),
+            ?spacing,
+            "Draining: asking every client to move to another Typha"
+        );
+        for id in ids {
+            if let Some(c) = lock(&self.conns).get_mut(&id) {
+                c.asked = true;
+                let cmd = if c.can_migrate {
+                    Command::Migrate {
+                        reason: "this Typha is shutting down".into(),
+                    }
+                } else {
+                    Command::Close {
+                        reason: "this Typha is shutting down".into(),
+                    }
+                };
+                let _ = c.commands.send(cmd);
+            }
+            tokio::time::sleep(spacing).await;
+        }
+        while self.connections() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = self.connections();
+        if left > 0 {
+            tracing::warn!(left, "Drain period over; closing the remaining connections");
+            for c in lock(&self.conns).values() {
+                let _ = c.commands.send(Command::Close {
+                    reason: "this Typha is shutting down".into(),
+                });
+            }
+        }
+    }
+
+    async fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        match &self.tls {
+            None => self.connection(stream, peer).await,
+            Some(tls) => {
+                let accepted =
+                    tokio::time::timeout(self.opts.handshake_timeout, tls.acceptor.accept(stream))
+                        .await;
+                let stream = match accepted {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        self.stats.tls_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(%peer, error = %e, "TLS handshake failed; connection refused (the client needs a certificate signed by CAFile)");
+                        return;
+                    }
+                    Err(_) => {
+                        self.stats.tls_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(%peer, timeout = ?self.opts.handshake_timeout, "TLS handshake timed out; connection closed");
+                        return;
+                    }
+                };
+                let cert = stream
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| c.as_ref().to_vec());
+                let verdict = match cert {
+                    Some(der) => tls.expected.check(&der),
+                    None => Err("the client sent no certificate".into()),
+                };
+                if let Err(why) = verdict {
+                    self.stats.tls_failures.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "client certificate refused: {why} (ClientCN / ClientURISAN)");
+                    return;
+                }
+                self.connection(stream, peer).await
+            }
+        }
+    }
+
+    async fn connection<S: AsyncRead + AsyncWrite + Send + 'static>(
+        self: Arc<Self>,
+        stream: S,
+        peer: SocketAddr,
+    ) {
+        let (mut rd, mut wr) = tokio::io::split(stream);
+        let hello = match wire::read_frame_timeout(
+            &mut rd,
+            self.opts.max_inbound,
+            self.opts.handshake_timeout,
+        )
+        .await
+        {
+            Ok(Message::ClientHello(h)) => h,
+            Ok(other) => {
+                self.stats
+                    .handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%peer, got = ?other.msg_type(), "expected a ClientHello first; closing the connection");
+                self.refuse(
+                    &mut wr,
+                    codes::BAD_HELLO,
+                    "the first message must be a ClientHello".into(),
+                )
+                .await;
+                return;
+            }
+            Err(e) => {
+                self.stats
+                    .handshake_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                if matches!(e, ReadError::Malformed(_) | ReadError::Truncated) {
+                    self.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::warn!(%peer, error = %e, "handshake failed; closing the connection (is the peer a margay Felix?)");
+                if let ReadError::Malformed(p) = &e {
+                    self.refuse(&mut wr, codes::BAD_HELLO, p.to_string()).await;
+                }
+                return;
+            }
+        };
+        let Some((version, syncer)) = self.check_hello(&hello, peer, &mut wr).await else {
+            return;
+        };
+        let compress = hello
+            .compression
+            .iter()
+            .any(|c| c.eq_ignore_ascii_case(proto::COMPRESSION_SNAPPY));
+        let can_migrate = hello.capabilities.iter().any(|c| c == proto::CAP_MIGRATE);
+        let migrating = hello.capabilities.iter().any(|c| c == proto::CAP_MIGRATING);
+        let (cmd_tx, mut cmd_rx) = watch::channel(Command::None);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let full = {
+            let mut conns = lock(&self.conns);
+            let full = migrating && conns.len() >= self.opts.connection_limit;
+            if !full {
+                conns.insert(
+                    id,
+                    ConnEntry {
+                        syncer,
+                        can_migrate,
+                        commands: cmd_tx,
+                        asked: false,
+                    },
+                );
+            }
+            full
+        };
+        if full {
+            self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(%peer, host = %hello.hostname, "refusing a migrating client: this Typha is at its connection limit too");
+            let msg = format!(
+                "this Typha is at its connection limit ({}); try another",
+                self.opts.connection_limit
+            );
+            self.refuse(&mut wr, codes::FULL, msg).await;
+            return;
+        }
+        self.stats.active.fetch_add(1, Ordering::Relaxed);
+        let _registration = Registration {
+            server: self.clone(),
+            id,
+        };
+        tracing::info!(%peer, host = %hello.hostname, info = %hello.info, syncer = %syncer, compress, conn = id, "Client connected");
+
+        let server_hello = Message::ServerHello(ServerHello {
+            version,
+            syncer_type: syncer.name().into(),
+            server_id: self.opts.server_id.clone(),
+            compression: if compress {
+                proto::COMPRESSION_SNAPPY.into()
+            } else {
+                String::new()
+            },
+            capabilities: vec![proto::CAP_MIGRATE.into()],
+        });
+        if let Err(e) = wire::write_frame(
+            &mut wr,
+            &proto::encode(&server_hello, false),
+            self.opts.write_timeout,
+        )
+        .await
+        {
+            tracing::info!(%peer, conn = id, error = %e, "client went away during the handshake");
+            return;
+        }
+
+        // The reader: pongs; anything else from the client ends the connection.
+        let last_pong = Arc::new(AtomicU64::new(now_ms()));
+        let (reader_done_tx, mut reader_done) = oneshot::channel::<String>();
+        let reader = {
+            let last_pong = last_pong.clone();
+            let max = self.opts.max_inbound;
+            let server = self.clone();
+            tokio::spawn(async move {
+                let why = loop {
+                    match wire::read_frame(&mut rd, max).await {
+                        Ok(Message::Pong(_)) => last_pong.store(now_ms(), Ordering::Relaxed),
+                        Ok(other) => {
+                            server.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+                            break format!(
+                                "unexpected {:?} message from the client",
+                                other.msg_type()
+                            );
+                        }
+                        Err(ReadError::Closed) => break "client closed the connection".into(),
+                        Err(e) => {
+                            if matches!(e, ReadError::Malformed(_) | ReadError::Truncated) {
+                                server.stats.bad_frames.fetch_add(1, Ordering::Relaxed);
+                            }
+                            break e.to_string();
+                        }
+                    }
+                };
+                let _ = reader_done_tx.send(why);
+            })
+        };
+        let _abort_reader = AbortOnDrop(reader);
+
+        let Some(cache) = self.caches.get(&syncer) else {
+            return;
+        };
+        let started = Instant::now();
+        let (mut crumb, snapshot) = match self.join(syncer, compress, cache).await {
+            (c, Some(f)) => (c, f),
+            (_, None) => return,
+        };
+        if let Err(e) = wire::write_frames(&mut wr, &snapshot, self.opts.write_timeout).await {
+            self.note_write_error(&e);
+            tracing::warn!(%peer, conn = id, error = %e, "sending the snapshot failed; closing the connection");
+            return;
+        }
+        self.stats
+            .frames_sent
+            .fetch_add(snapshot.len() as u64, Ordering::Relaxed);
+        drop(snapshot);
+        tracing::debug!(%peer, conn = id, seq = crumb.seq, keys = crumb.snapshot.len(), took = ?started.elapsed(), "snapshot sent");
+
+        let mut ping = tokio::time::interval(self.opts.ping_interval);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ping.tick().await;
+        let mut grace_deadline: Option<tokio::time::Instant> = None;
+        let reason: String = loop {
+            tokio::select! {
+                next = crumb.wait_next() => {
+                    crumb = next;
+                    if let Err(why) = self.send_crumbs(&mut wr, &mut crumb, compress, started).await {
+                        break why;
+                    }
+                }
+                _ = ping.tick() => {
+                    let since = now_ms().saturating_sub(last_pong.load(Ordering::Relaxed));
+                    if Duration::from_millis(since) > self.opts.pong_timeout {
+                        self.stats.dropped_pong_timeout.fetch_add(1, Ordering::Relaxed);
+                        break format!("no pong for {since} ms (pong timeout {:?})", self.opts.pong_timeout);
+                    }
+                    if let Err(e) = wire::write_frame(&mut wr, &proto::encode(&Message::Ping(now_ms()), false), self.opts.write_timeout).await {
+                        self.note_write_error(&e);
+                        break e.to_string();
+                    }
+                }
+                r = cmd_rx.changed() => {
+                    if r.is_err() {
+                        break "server stopping".into();
+                    }
+                    let cmd = cmd_rx.borrow_and_update().clone();
+                    match cmd {
+                        Command::None => {}
+                        Command::Migrate { reason } => {
+                            let grace = self.opts.migration_grace;
+                            tracing::info!(%peer, conn = id, reason = %reason, ?grace, "asking the client to migrate to another Typha");
+                            let m = Message::Migrate { grace_ms: grace.as_millis() as u64, reason };
+                            if let Err(e) = wire::write_frame(&mut wr, &proto::encode(&m, false), self.opts.write_timeout).await {
+                                break e.to_string();
+                            }
+                            grace_deadline = Some(tokio::time::Instant::now() + grace);
+                        }
+                        Command::Close { reason } => {
+                            let m = Message::Error { code: codes::SHUTTING_DOWN.into(), message: reason.clone() };
+                            let _ = wire::write_frame(&mut wr, &proto::encode(&m, false), Duration::from_secs(1)).await;
+                            break reason;
+                        }
+                    }
+                }
+                _ = sleep_until(grace_deadline), if grace_deadline.is_some() => {
+                    self.stats.closed_after_grace.fetch_add(1, Ordering::Relaxed);
+                    break "the client did not migrate within the grace period".into();
+                }
+                why = &mut reader_done => {
+                    break why.unwrap_or_else(|_| "reader stopped".into());
+                }
+            }
+        };
+        tracing::info!(%peer, host = %hello.hostname, conn = id, reason = %reason, "Client disconnected");
+    }
+
+    /// Sends `crumb` and every crumb after it that is already published; leaves `crumb` at
+    /// the last one sent.
+    async fn send_crumbs<W: AsyncWrite + Unpin>(
+        &self,
+        wr: &mut W,
+        crumb: &mut Arc<Crumb>,
+        compress: bool,
+        started: Instant,
+    ) -> Result<(), String> {
+        loop {
+            let behind = crumb.at.elapsed();
+            if started.elapsed() > self.opts.new_client_grace && behind > self.opts.max_fall_behind
+            {
+                self.stats
+                    .dropped_fall_behind
+                    .fetch_add(1, Ordering::Relaxed);
+                let why = format!(
+                    "client fell {behind:?} behind (more than MaxFallBehind {:?})",
+                    self.opts.max_fall_behind
+                );
+                let m = Message::Error {
+                    code: "fell-behind".into(),
+                    message: why.clone(),
+                };
+                let _ =
+                    wire::write_frame(wr, &proto::encode(&m, false), Duration::from_millis(100))
+                        .await;
+                return Err(why);
+            }
+            let frames = crumb.delta_frames(
+                compress,
+                self.opts.max_kvs_per_msg,
+                self.opts.max_frame_payload,
+            );
+            if let Err(e) = wire::write_frames(wr, &frames, self.opts.write_timeout).await {
+                self.note_write_error(&e);
+                return Err(e.to_string());
+            }
+            self.stats
+                .frames_sent
+                .fetch_add(frames.len() as u64, Ordering::Relaxed);
+            match crumb.next() {
+                Some(n) => *crumb = n.clone(),
+                None => return Ok(()),
+            }
+        }
+    }
+
+    fn note_write_error(&self, e: &wire::WriteError) {
+        if matches!(e, wire::WriteError::Timeout(_)) {
+            self.stats
+                .dropped_write_timeout
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    async fn refuse<W: AsyncWrite + Unpin>(&self, wr: &mut W, code: &str, message: String) {
+        let m = Message::Error {
+            code: code.into(),
+            message,
+        };
+        let _ = wire::write_frame(wr, &proto::encode(&m, false), Duration::from_secs(1)).await;
+    }
+
+    /// Checks the hello: the version range and the syncer type. Refuses with a clear error.
+    async fn check_hello<W: AsyncWrite + Unpin>(
+        &self,
+        h: &ClientHello,
+        peer: SocketAddr,
+        wr: &mut W,
+    ) -> Option<(u32, SyncerType)> {
+        let version = h.max_version.min(proto::PROTOCOL_VERSION);
+        if h.min_version > h.max_version
+            || version < h.min_version
+            || version < proto::MIN_PROTOCOL_VERSION
+        {
+            self.stats
+                .version_mismatches
+                .fetch_add(1, Ordering::Relaxed);
+            let msg = format!(
+                "protocol version mismatch: this Typha ({}) speaks versions {}..={}, the client {:?} speaks {}..={}; upgrade the older side",
+                self.opts.server_id,
+                proto::MIN_PROTOCOL_VERSION,
+                proto::PROTOCOL_VERSION,
+                h.hostname,
+                h.min_version,
+                h.max_version
+            );
+            tracing::error!(%peer, "{msg}");
+            self.refuse(wr, codes::VERSION_MISMATCH, msg).await;
+            return None;
+        }
+        if self.shutting_down.load(Ordering::Relaxed) {
+            self.refuse(
+                wr,
+                codes::SHUTTING_DOWN,
+                "this Typha is shutting down; try another".into(),
+            )
+            .await;
+            return None;
+        }
+        let syncer = SyncerType::parse(&h.syncer_type).filter(|t| self.caches.contains_key(t));
+        let Some(syncer) = syncer else {
+            let served: Vec<&str> = self.caches.keys().map(|t| t.name()).collect();
+            let msg = format!(
+                "syncer type {:?} is not served here (served: {})",
+                h.syncer_type,
+                served.join(", ")
+            );
+            tracing::warn!(%peer, "{msg}");
+            self.stats
+                .handshake_failures
+                .fetch_add(1, Ordering::Relaxed);
+            self.refuse(wr, codes::UNKNOWN_SYNCER_TYPE, msg).await;
+            return None;
+        };
+        Some((version, syncer))
+    }
+
+    /// The crumb a new client starts at, and its snapshot frames: the last computed snapshot
+    /// when it is recent (clients joining together share it), else the newest crumb's.
+    async fn join(
+        &self,
+        syncer: SyncerType,
+        compress: bool,
+        cache: &CacheReader,
+    ) -> (Arc<Crumb>, Option<Frames>) {
+        let latest = cache.latest();
+        let base = {
+            let mut bases = lock(&self.snapshot_base);
+            match bases.get(&(syncer, compress)) {
+                Some(b) if b.at.elapsed() <= self.opts.snapshot_reuse && b.seq <= latest.seq => {
+                    self.stats.snapshots_shared.fetch_add(1, Ordering::Relaxed);
+                    b.clone()
+                }
+                _ => {
+                    bases.insert((syncer, compress), latest.clone());
+                    latest
+                }
+            }
+        };
+        let (max_kvs, max_bytes) = (self.opts.max_kvs_per_msg, self.opts.max_frame_payload);
+        let cell = &base.snapshot_frames[usize::from(compress)];
+        let frames = cell
+            .get_or_try_init(|| {
+                let b = base.clone();
+                self.stats.snapshots_encoded.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    tokio::task::spawn_blocking(move || {
+                        b.encode_snapshot(compress, max_kvs, max_bytes)
+                    })
+                    .await
+                }
+            })
+            .await
+            .ok()
+            .cloned();
+        if frames.is_none() {
+            tracing::error!(syncer = %syncer, "encoding the snapshot failed");
+        }
+        (base, frames)
+    }
+
+    /// The newest status of a syncer type's cache (for health).
+    pub fn status(&self, syncer: SyncerType) -> Option<SyncStatus> {
+        self.caches.get(&syncer).map(|c| c.latest().status)
+    }
+}
+
+struct Registration {
+    server: Arc<Server>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        lock(&self.server.conns).remove(&self.id);
+        self.server.stats.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
