@@ -3,8 +3,10 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::k8s;
 use crate::resource::{API_GROUP, API_VERSION, Kind, Resource};
 use crate::suggest::closest;
+use crate::validate::{FieldError, ValidationErrors};
 
 /// Where a document sits in its input: the document number (1-based) and, for an item of a
 /// list kind, its index in `items`.
@@ -63,6 +65,21 @@ pub enum DecodeError {
     ApiVersion { found: String },
     #[error("{path}: {message}")]
     Field { path: String, message: String },
+    /// A Kubernetes document (NetworkPolicy) that cannot be converted: every problem, each
+    /// with its field path.
+    #[error("{0}")]
+    Invalid(ValidationErrors),
+}
+
+impl DecodeError {
+    /// One line per problem (`path: what is wrong`), for reports that list problems one by
+    /// one.
+    pub fn messages(&self) -> Vec<String> {
+        match self {
+            DecodeError::Invalid(errors) => errors.iter().map(ToString::to_string).collect(),
+            other => vec![other.to_string()],
+        }
+    }
 }
 
 fn hint(suggestion: &Option<String>) -> String {
@@ -81,7 +98,9 @@ pub struct SyntaxError {
 
 /// Splits `input` (YAML, possibly several `---`-separated documents, or JSON, possibly several
 /// concatenated objects) into documents and decodes each. List kinds (`IPPoolList`, `List`)
-/// are expanded into their items. Empty documents are skipped.
+/// are expanded into their items. Empty documents are skipped. A Kubernetes
+/// `networking.k8s.io/v1` NetworkPolicy (also in a `NetworkPolicyList` or a kubectl `List`)
+/// decodes into the v3 NetworkPolicy Calico makes of it ([`crate::k8s`]).
 pub fn decode_documents(input: &str) -> Result<Vec<Decoded>, SyntaxError> {
     let values = parse_values(input)?;
     let mut out = Vec::new();
@@ -160,18 +179,28 @@ fn decode_document(value: Value, document: usize, out: &mut Vec<Decoded>) {
             return;
         }
     };
-    let item_kind = if kind_name == "List" {
+    let api_version = map.get("apiVersion").and_then(Value::as_str);
+    // What the items of a list default to: (kind, apiVersion); None for the generic `List`.
+    let item_defaults: Option<Option<(&str, &str)>> = if kind_name == "List" {
         Some(None)
+    } else if kind_name == k8s::LIST_KIND && api_version == Some(k8s::API_VERSION) {
+        Some(Some((k8s::KIND, k8s::API_VERSION)))
     } else {
-        Kind::from_list_name(&kind_name).map(Some)
+        Kind::from_list_name(&kind_name).map(|k| Some((k.name(), API_VERSION)))
     };
-    let Some(item_kind) = item_kind else {
-        let result = decode_with_kind(value.clone(), &kind_name, "");
+    let Some(item_defaults) = item_defaults else {
+        let result = decode_item(value.clone(), &kind_name, "");
         out.push(decoded(position, &value, result));
         return;
     };
-    // A list: check the list's own apiVersion, then decode every item.
-    if let Err(e) = check_api_version(map.get("apiVersion"), "") {
+    // A list: check the list's own apiVersion, then decode every item. kubectl writes the
+    // generic list as `apiVersion: v1`.
+    let list_version_ok = match item_defaults {
+        Some((_, v)) if v == k8s::API_VERSION => Ok(()),
+        None if api_version == Some("v1") => Ok(()),
+        _ => check_api_version(map.get("apiVersion"), ""),
+    };
+    if let Err(e) = list_version_ok {
         out.push(failed(position, &value, e));
         return;
     }
@@ -211,21 +240,59 @@ fn decode_document(value: Value, document: usize, out: &mut Vec<Decoded>) {
         };
         let prefix = format!("items[{i}].");
         // Items of a typed list may leave out their kind and apiVersion.
-        if let (Some(kind), Value::Object(m)) = (item_kind, &mut item) {
+        if let (Some((kind, version)), Value::Object(m)) = (item_defaults, &mut item) {
             m.entry("kind")
-                .or_insert_with(|| Value::String(kind.name().to_string()));
+                .or_insert_with(|| Value::String(kind.to_string()));
             m.entry("apiVersion")
-                .or_insert_with(|| Value::String(API_VERSION.to_string()));
+                .or_insert_with(|| Value::String(version.to_string()));
         }
         let result = match item.get("kind") {
             Some(Value::String(k)) => {
                 let k = k.clone();
-                decode_with_kind(item.clone(), &k, &prefix)
+                decode_item(item.clone(), &k, &prefix)
             }
             _ if item.is_object() => Err(DecodeError::MissingKind),
             _ => Err(DecodeError::NotAMapping),
         };
         out.push(decoded(position, &item, result));
+    }
+}
+
+/// One document or list item: a Kubernetes NetworkPolicy (converted) or a v3 resource.
+fn decode_item(value: Value, kind_name: &str, prefix: &str) -> Result<Resource, DecodeError> {
+    if value.get("apiVersion").and_then(Value::as_str) == Some(k8s::API_VERSION) {
+        return decode_k8s(value, kind_name, prefix);
+    }
+    decode_with_kind(value, kind_name, prefix)
+}
+
+/// A `networking.k8s.io/v1` document: only NetworkPolicy, converted as Calico converts it.
+fn decode_k8s(value: Value, kind_name: &str, prefix: &str) -> Result<Resource, DecodeError> {
+    if kind_name != k8s::KIND {
+        return Err(DecodeError::Field {
+            path: format!("{prefix}kind"),
+            message: format!(
+                "{kind_name:?} of {} is not supported (margay reads only NetworkPolicy from {}; other documents use apiVersion: {API_VERSION})",
+                k8s::API_VERSION,
+                k8s::API_VERSION
+            ),
+        });
+    }
+    check_sections(&value, prefix)?;
+    let policy: k8s::K8sNetworkPolicy =
+        serde_path_to_error::deserialize(value).map_err(|e| field_error(&e, prefix))?;
+    match k8s::convert(&policy) {
+        Ok(p) => Ok(Resource::NetworkPolicy(p)),
+        Err(errors) => Err(DecodeError::Invalid(ValidationErrors(
+            errors
+                .0
+                .into_iter()
+                .map(|e| FieldError {
+                    path: format!("{prefix}{}", e.path),
+                    message: e.message,
+                })
+                .collect(),
+        ))),
     }
 }
 
@@ -235,8 +302,13 @@ fn decode_with_kind(value: Value, kind_name: &str, prefix: &str) -> Result<Resou
         suggestion: suggest_kind(kind_name),
     })?;
     check_api_version(value.get("apiVersion"), prefix)?;
-    // serde would read a list as a struct's fields in order and report a confusing error
-    // inside it; say plainly that a mapping was expected.
+    check_sections(&value, prefix)?;
+    Resource::from_value_of_kind(kind, value).map_err(|e| field_error(&e, prefix))
+}
+
+/// serde would read a list as a struct's fields in order and report a confusing error inside
+/// it; say plainly that a mapping was expected.
+fn check_sections(value: &Value, prefix: &str) -> Result<(), DecodeError> {
     for section in ["metadata", "spec", "status"] {
         if let Some(v) = value.get(section)
             && !(v.is_object() || v.is_null())
@@ -247,7 +319,7 @@ fn decode_with_kind(value: Value, kind_name: &str, prefix: &str) -> Result<Resou
             });
         }
     }
-    Resource::from_value_of_kind(kind, value).map_err(|e| field_error(&e, prefix))
+    Ok(())
 }
 
 fn json_type(v: &Value) -> &'static str {
@@ -330,8 +402,9 @@ fn field_error(e: &serde_path_to_error::Error<serde_json::Error>, prefix: &str) 
 }
 
 /// Fields whose keys are data (label names), not field names: their keys render as `["key"]`.
-const FREE_FORM_MAPS: [&str; 5] = [
+const FREE_FORM_MAPS: [&str; 6] = [
     "labels",
+    "matchLabels",
     "annotations",
     "labelsToApply",
     "bpfLogFilters",

@@ -14,6 +14,7 @@ pub mod duration;
 pub mod endpoint;
 pub mod felix;
 pub mod ippool;
+pub mod k8s;
 pub mod kubecontrollers;
 pub mod meta;
 pub mod net;

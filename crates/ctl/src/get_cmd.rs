@@ -12,7 +12,7 @@ use margay_selector::Selector;
 use serde_json::{Value, json};
 
 use crate::datastore::{Access, Connector, connect_or_report};
-use crate::kinds::{key_of, namespace_or_default, parse_kind};
+use crate::kinds::{key_of, namespace_or_default, parse_kind_arg};
 use crate::report::reason;
 use crate::table::{TableContext, check_headings, default_headings, render};
 use crate::{EXIT_INVALID, EXIT_OK, EXIT_USAGE};
@@ -20,6 +20,8 @@ use crate::{EXIT_INVALID, EXIT_OK, EXIT_USAGE};
 #[derive(Debug, Args)]
 pub struct GetArgs {
     /// The kind to show (singular, plural or short form: ippools, gnp, networkpolicy, wep, ...).
+    /// `networkpolicies.networking.k8s.io` (or `netpol`) shows the policies converted from
+    /// Kubernetes NetworkPolicies, and takes their Kubernetes names.
     #[arg(value_name = "KIND")]
     pub kind: String,
     /// Show only these resources (default: all of the kind).
@@ -96,10 +98,11 @@ pub(crate) async fn run<C: Connector>(
         writeln!(err, "error: {m}")?;
         Ok(EXIT_USAGE)
     };
-    let kind = match parse_kind(&a.kind) {
+    let kind_arg = match parse_kind_arg(&a.kind) {
         Ok(k) => k,
         Err(e) => return usage(err, &e),
     };
+    let kind = kind_arg.kind;
     let output = match parse_output(&a.output) {
         Ok(o) => o,
         Err(e) => return usage(err, &e),
@@ -142,6 +145,7 @@ pub(crate) async fn run<C: Connector>(
             Ok(list) => {
                 revision = Some(list.revision);
                 resources = list.items;
+                resources.retain(|r| kind_arg.lists(r));
                 for (key, e) in list.undecodable {
                     problems.push(format!("cannot decode the stored value at {key}: {e}"));
                 }
@@ -157,7 +161,7 @@ pub(crate) async fn run<C: Connector>(
         }
     } else {
         for name in &a.names {
-            let key = key_of(kind, ns, name);
+            let key = key_of(kind, ns, &kind_arg.stored_name(name));
             match client.get(&key).await {
                 Ok(r) => resources.push(r),
                 Err(e @ DatastoreError::Unavailable { .. }) => {

@@ -127,7 +127,9 @@ fn check_text(
         let kind = d.kind.as_deref().and_then(Kind::from_name);
         match d.result {
             Err(e) => {
-                writeln!(err, "{prefix}: {e}")?;
+                for m in e.messages() {
+                    writeln!(err, "{prefix}: {m}")?;
+                }
                 loaded.invalid += 1;
                 loaded.invalid_kinds.push(kind);
             }

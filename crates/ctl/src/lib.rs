@@ -75,9 +75,18 @@ pub enum CtlCommand {
     /// Reports how many resources were applied; a note on stderr says how many of them were
     /// updated or already up to date. A document with metadata.resourceVersion set is only
     /// applied if the stored resource still has that version.
+    ///
+    /// Kubernetes NetworkPolicies (apiVersion networking.k8s.io/v1) are accepted by every
+    /// command that reads files (create, apply, replace, delete, validate): each is converted
+    /// as Calico converts it and stored as the NetworkPolicy knp.default.<name> (tier default,
+    /// order 1000).
     #[command(after_help = "Examples:
   # Apply the resources in a file.
   margay ctl apply -f ./policy.yaml
+
+  # Apply a Kubernetes NetworkPolicy, then show what it became.
+  margay ctl apply -f ./k8s-netpol.yaml
+  margay ctl get networkpolicies.networking.k8s.io -n prod -o yaml
 
   # Apply every .yaml, .yml and .json file under a directory tree.
   margay ctl apply -f ./calico/ -R")]
@@ -133,7 +142,8 @@ pub enum CtlCommand {
     /// Evaluate and canonicalise label selectors.
     #[command(subcommand)]
     Selector(selector_cmd::SelectorCommand),
-    /// Check projectcalico.org/v3 resource files without applying them.
+    /// Check projectcalico.org/v3 resource files (and Kubernetes NetworkPolicies) without
+    /// applying them.
     ///
     /// Every document of every file is decoded and validated; each problem is printed on its
     /// own line as `FILE [document N] KIND/NAME: FIELD.PATH: what is wrong`. Exits 1 if any

@@ -63,7 +63,9 @@ pub fn run(
             match &d.result {
                 Err(e) => {
                     invalid += 1;
-                    writeln!(out, "{prefix}: {e}")?;
+                    for m in e.messages() {
+                        writeln!(out, "{prefix}: {m}")?;
+                    }
                 }
                 Ok(resource) => {
                     if let Err(errors) = resource.validate() {

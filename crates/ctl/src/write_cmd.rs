@@ -10,7 +10,7 @@ use margay_datastore::{Client, DatastoreError, KvBackend};
 
 use crate::datastore::{Access, Connector, connect_or_report};
 use crate::input::{Item, Loaded, Sources, load};
-use crate::kinds::{ident, key_of, namespace_or_default, parse_kind};
+use crate::kinds::{ident, key_of, namespace_or_default, parse_kind_arg};
 use crate::report::{Progress, reason, stale};
 use crate::{EXIT_INVALID, EXIT_OK, EXIT_USAGE, Ui};
 
@@ -60,7 +60,8 @@ pub struct ReplaceArgs {
 #[derive(Debug, Args)]
 pub struct DeleteArgs {
     /// The kind of the resources to delete (singular, plural or short form: ippool, gnp,
-    /// networkpolicies, ...). Not used with -f.
+    /// networkpolicies, ...). Not used with -f. `networkpolicies.networking.k8s.io` (or
+    /// `netpol`) deletes policies converted from Kubernetes ones by their Kubernetes names.
     #[arg(value_name = "KIND", required_unless_present = "files")]
     pub kind: Option<String>,
     /// The names of the resources to delete.
@@ -278,13 +279,14 @@ pub(crate) async fn run_delete<C: Connector>(
         writeln!(err, "error: give a KIND and NAMEs, or -f FILE")?;
         return Ok(EXIT_USAGE);
     };
-    let kind = match parse_kind(kind_arg) {
+    let kind_arg = match parse_kind_arg(kind_arg) {
         Ok(k) => k,
         Err(e) => {
             writeln!(err, "error: {e}")?;
             return Ok(EXIT_USAGE);
         }
     };
+    let kind = kind_arg.kind;
     if a.names.is_empty() {
         writeln!(
             err,
@@ -301,7 +303,11 @@ pub(crate) async fn run_delete<C: Connector>(
         return Ok(EXIT_USAGE);
     }
     let ns = namespace_or_default(namespace);
-    let keys: Vec<ResourceKey> = a.names.iter().map(|n| key_of(kind, ns, n)).collect();
+    let keys: Vec<ResourceKey> = a
+        .names
+        .iter()
+        .map(|n| key_of(kind, ns, &kind_arg.stored_name(n)))
+        .collect();
     let conn = match connect_or_report(connector, config, Access::Existing, err).await? {
         Ok(c) => c,
         Err(code) => return Ok(code),

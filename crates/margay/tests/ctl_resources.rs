@@ -172,6 +172,7 @@ on_both_stores!(
     get_filters_by_label_selector,
     an_invalid_document_is_reported_and_the_valid_ones_are_written,
     ipam_show_check_and_release,
+    a_kubernetes_network_policy_is_applied_shown_and_deleted,
 );
 
 /// `ipam show/check/release` on a store with a pool and an endpoint whose address IPAM never
@@ -202,6 +203,103 @@ fn ipam_show_check_and_release(s: &Store) {
     let r = run(s.ctl(&["ipam", "release", "--ip", "10.44.0.9"]));
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.err.contains("10.44.0.9 is not assigned"), "{r:?}");
+}
+
+/// A Kubernetes NetworkPolicy goes in as Calico converts it (`knp.default.<name>`, tier
+/// default, order 1000) and comes out of `get` and `delete` under either name.
+fn a_kubernetes_network_policy_is_applied_shown_and_deleted(s: &Store) {
+    let netpol = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: allow-web
+  namespace: shop
+spec:
+  podSelector:
+    matchLabels: {app: web}
+  ingress:
+  - from:
+    - podSelector: {matchLabels: {role: lb}}
+    - ipBlock: {cidr: 10.8.0.0/16, except: [10.8.1.0/24]}
+    ports:
+    - {port: 443}
+    - {port: 8000, endPort: 8080, protocol: TCP}
+";
+    let f = s.file("netpol.yaml", netpol);
+    let r = run(s.ctl(&["apply", "-f", &f]));
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(
+        r.out,
+        "Successfully applied 1 'NetworkPolicy' resource(s)\n"
+    );
+
+    let r = run(s.ctl(&[
+        "get",
+        "networkpolicies.networking.k8s.io",
+        "allow-web",
+        "-n",
+        "shop",
+        "-o",
+        "json",
+    ]));
+    assert_eq!(r.code, 0, "{r:?}");
+    let got: Value = serde_json::from_str(&r.out).unwrap();
+    assert_eq!(got["metadata"]["name"], "knp.default.allow-web");
+    assert_eq!(got["metadata"]["namespace"], "shop");
+    assert_eq!(
+        got["spec"],
+        serde_json::json!({
+            "tier": "default",
+            "order": 1000,
+            "selector": "projectcalico.org/orchestrator == 'k8s' && app == 'web'",
+            "types": ["Ingress"],
+            "ingress": [
+                {
+                    "action": "Allow",
+                    "protocol": "TCP",
+                    "source": {"selector": "projectcalico.org/orchestrator == 'k8s' && role == 'lb'"},
+                    "destination": {"ports": [443, "8000:8080"]},
+                },
+                {
+                    "action": "Allow",
+                    "protocol": "TCP",
+                    "source": {"nets": ["10.8.0.0/16"], "notNets": ["10.8.1.0/24"]},
+                    "destination": {"ports": [443, "8000:8080"]},
+                },
+            ],
+        })
+    );
+    let r = run(s.ctl(&["get", "policies", "-A"]));
+    let rows: Vec<Vec<&str>> = r
+        .out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[1],
+        ["shop", "knp.default.allow-web", "default"],
+        "{r:?}"
+    );
+
+    // Applying the same document again is a no-op; validate accepts it too.
+    let r = run(s.ctl(&["apply", "-f", &f]));
+    assert_eq!(r.err, "0 created, 0 updated, 1 unchanged\n", "{r:?}");
+    let r = run(s.ctl(&["validate", "-f", &f]));
+    assert_eq!(r.code, 0, "{r:?}");
+
+    let r = run(s.ctl(&["delete", "-f", &f]));
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(
+        r.out,
+        "Successfully deleted 1 'NetworkPolicy' resource(s)\n"
+    );
+    let r = run(s.ctl(&[
+        "get",
+        "networkpolicy",
+        "knp.default.allow-web",
+        "-n",
+        "shop",
+    ]));
+    assert_eq!(r.code, 1, "{r:?}");
 }
 
 fn create_then_get_yaml_round_trips(s: &Store) {
