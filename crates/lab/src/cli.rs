@@ -122,6 +122,18 @@ pub enum LabCommand {
         #[arg(last = true, required = true)]
         args: Vec<String>,
     },
+    /// Pod-to-pod throughput (iperf3) and TCP connection rate across nodes, without and with
+    /// policy, next to two namespaces joined by a bare veth.
+    Bench {
+        #[command(flatten)]
+        which: Which,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 5)]
+        secs: u64,
+        /// Policies applying to the server pod for the "with policy" run (its allow last).
+        #[arg(long, default_value_t = 200)]
+        policies: usize,
+    },
     #[command(hide = true)]
     Serve {
         #[arg(long, default_value = "pod")]
@@ -141,6 +153,9 @@ pub enum LabCommand {
         udp: bool,
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
+        /// Connect over and over for this many seconds; print how many succeeded.
+        #[arg(long)]
+        loop_secs: Option<u64>,
     },
     #[command(hide = true)]
     Supervise {
@@ -202,13 +217,34 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             port,
             udp,
             timeout_ms,
-        } => Ok(
-            if net::connect(to, port, udp, Duration::from_millis(timeout_ms)) {
-                0
-            } else {
-                1
-            },
-        ),
+            loop_secs: Some(secs),
+        } => {
+            let end = Instant::now() + Duration::from_secs(secs);
+            let mut n = 0u64;
+            while Instant::now() < end {
+                if net::connect(to, port, udp, Duration::from_millis(timeout_ms)) {
+                    n += 1;
+                }
+            }
+            let _ = writeln!(out, "{n}");
+            Ok(0)
+        }
+        LabCommand::Connect {
+            to,
+            port,
+            udp,
+            timeout_ms,
+            loop_secs: None,
+        } => Ok(if net::connect(to, port, udp, Duration::from_millis(timeout_ms)) {
+            0
+        } else {
+            1
+        }),
+        LabCommand::Bench {
+            which,
+            secs,
+            policies,
+        } => bench(&which, secs, policies, out),
         LabCommand::Supervise {
             pid_file,
             log,
@@ -1094,6 +1130,125 @@ fn matrix_cmd(
             );
         }
         other_o => return Err(other(format!("-o {other_o:?}: use table or json"))),
+    }
+    Ok(0)
+}
+
+/// Throughput (Gbit/s) and connection rate (per second) from one namespace to an address.
+fn measure(client_ns: &str, server_ns: &str, to: &str, secs: u64) -> Result<(f64, f64), LabError> {
+    let exe = exe()?;
+    let mut server = net::in_netns(server_ns, "iperf3")
+        .args(["-s", "-p", "5299", "-1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| other(format!("iperf3 (install it: apt-get install iperf3): {e}")))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let result = net::run(
+        net::in_netns(client_ns, "iperf3").args(["-c", to, "-p", "5299", "-t", &secs.to_string(), "-J"]),
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    let json: Value =
+        serde_json::from_str(&result?).map_err(|e| other(format!("iperf3 output: {e}")))?;
+    let gbps = json["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
+    let mut acceptor = net::in_netns(server_ns, &exe)
+        .args(["lab", "serve", "--name", "bench", "--tcp", "5300"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| other(format!("bench server: {e}")))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let counted = net::run(net::in_netns(client_ns, &exe).args([
+        "lab",
+        "connect",
+        "--to",
+        to,
+        "--port",
+        "5300",
+        "--timeout-ms",
+        "500",
+        "--loop-secs",
+        &secs.to_string(),
+    ]));
+    let _ = acceptor.kill();
+    let _ = acceptor.wait();
+    let conns: f64 = counted?.trim().parse().unwrap_or(0.0);
+    Ok((gbps, conns / secs as f64))
+}
+
+fn bench(which: &Which, secs: u64, policies: usize, out: &mut dyn Write) -> Result<u8, LabError> {
+    let st = load(which)?;
+    // Client and server on different nodes when there are two.
+    let client = st.pods.first().ok_or_else(|| other("the lab has no pods"))?;
+    let server = st
+        .pods
+        .iter()
+        .find(|p| p.node != client.node)
+        .or_else(|| st.pods.get(1))
+        .ok_or_else(|| other("the bench needs two pods"))?;
+    let server_ip = server
+        .ip
+        .clone()
+        .ok_or_else(|| other("the server pod has no address"))?;
+    let mut rows = Vec::new();
+    // Baseline: two throw-away namespaces joined by a bare veth pair.
+    let a = format!("{}bench-a", st.prefix);
+    let b = format!("{}bench-b", st.prefix);
+    net::add_netns(&a)?;
+    net::add_netns(&b)?;
+    let baseline = (|| {
+        net::ip(&a, &["link", "add", "veth0", "type", "veth", "peer", "name", "veth0", "netns", &b])?;
+        net::ip(&a, &["addr", "add", "192.0.2.1/24", "dev", "veth0"])?;
+        net::ip(&b, &["addr", "add", "192.0.2.2/24", "dev", "veth0"])?;
+        net::ip(&a, &["link", "set", "veth0", "up"])?;
+        net::ip(&b, &["link", "set", "veth0", "up"])?;
+        measure(&a, &b, "192.0.2.2", secs)
+    })();
+    net::remove_netns(&[a, b]);
+    rows.push(("bare veth pair (no margay)".to_string(), baseline?));
+    rows.push((
+        format!("{} -> {} (other node, VXLAN), no policy", client.id, server.id),
+        measure(&client.netns, &server.netns, &server_ip, secs)?,
+    ));
+    // With policy: many policies on the server pod, the one allowing the traffic last.
+    let (ns, pod) = server.id.split_once('/').unwrap_or(("", ""));
+    let mut yaml = String::new();
+    for i in 0..policies {
+        yaml.push_str(&format!(
+            "---\napiVersion: projectcalico.org/v3\nkind: NetworkPolicy\nmetadata: {{name: bench-{i}, namespace: {ns}}}\nspec:\n  order: {i}\n  selector: pod == '{pod}'\n  ingress:\n  - action: Allow\n    protocol: TCP\n    source: {{selector: pod == 'nobody-{i}'}}\n    destination: {{ports: [{}]}}\n",
+            10000 + i
+        ));
+    }
+    yaml.push_str(&format!(
+        "---\napiVersion: projectcalico.org/v3\nkind: NetworkPolicy\nmetadata: {{name: bench-allow, namespace: {ns}}}\nspec:\n  order: {policies}\n  selector: pod == '{pod}'\n  ingress: [{{action: Allow}}]\n"
+    ));
+    apply_yaml(&st, &yaml)?;
+    std::thread::sleep(Duration::from_secs(2));
+    let with = measure(&client.netns, &server.netns, &server_ip, secs);
+    // Remove the bench policies again.
+    let file = st.dir.join("bench-policies.yaml");
+    let _ = std::fs::write(&file, &yaml);
+    if let Ok(mut c) = margay_in(&st, &st.fabric_netns()) {
+        c.args(["ctl", "delete", "-f"]).arg(&file);
+        let _ = net::run(&mut c);
+    }
+    let _ = std::fs::remove_file(&file);
+    rows.push((
+        format!("same, with {} policies on {}", policies + 1, server.id),
+        with?,
+    ));
+    let _ = writeln!(out, "{:<58} {:>10} {:>14}", "PATH", "TCP Gbit/s", "connections/s");
+    let base = rows[0].1;
+    for (label, (gbps, rate)) in &rows {
+        let _ = writeln!(
+            out,
+            "{label:<58} {gbps:>10.2} {rate:>14.0}   ({:.0}% / {:.0}% of the bare veth)",
+            100.0 * gbps / base.0.max(f64::MIN_POSITIVE),
+            100.0 * rate / base.1.max(f64::MIN_POSITIVE)
+        );
     }
     Ok(0)
 }

@@ -207,6 +207,14 @@ pub fn normalize_cidrs(cidrs: impl IntoIterator<Item = Cidr>) -> Vec<Cidr> {
 }
 
 fn ports_list(ports: &[margay_calc::PortRange]) -> String {
+    // One port or range: a plain comparison, cheaper than an anonymous set.
+    if let [p] = ports {
+        return if p.first == p.last {
+            p.first.to_string()
+        } else {
+            format!("{}-{}", p.first, p.last)
+        };
+    }
     let items: Vec<String> = ports
         .iter()
         .map(|p| {
@@ -338,10 +346,6 @@ pub fn render_rule(r: &ResolvedRule, cfg: &NftConfig, owner: &str) -> Vec<String
             continue;
         };
         let mut common = Vec::new();
-        common.push(format!(
-            "meta nfproto {}",
-            if family == 4 { "ipv4" } else { "ipv6" }
-        ));
         if let Some(p) = r.protocol {
             common.push(format!("meta l4proto {p}"));
         }
@@ -360,6 +364,24 @@ pub fn render_rule(r: &ResolvedRule, cfg: &NftConfig, owner: &str) -> Vec<String
                 if !da.is_empty() {
                     parts.push(da.clone());
                 }
+                // Cheapest and most selective first: a packet is usually rejected by the
+                // protocol or port test before any set lookup.
+                parts.sort_by_key(|p| match p {
+                    p if p.starts_with("meta l4proto") => 0,
+                    p if p.starts_with("th ") && !p.contains('@') => 1,
+                    p if p.starts_with("icmp") => 2,
+                    p if !p.contains('@') => 3,
+                    _ => 4,
+                });
+                // The family first: it is the cheapest test, and it sends packets of the
+                // other family past this rule before any lookup.
+                parts.insert(
+                    0,
+                    format!(
+                        "meta nfproto {}",
+                        if family == 4 { "ipv4" } else { "ipv6" }
+                    ),
+                );
                 parts.push(action.clone());
                 out.push(parts.join(" "));
             }
