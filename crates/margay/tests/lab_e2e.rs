@@ -1,7 +1,9 @@
 //! End-to-end policy suite on `margay lab`: the default topology (namespaces x, y, z; pods a,
 //! b, c; two nodes, VXLAN between them), one scenario after the other, each asserting the full
-//! reachability matrix. Modelled on Kubernetes' network-policy e2e tests, plus Calico-only
-//! features. Root only; the lab is removed even when a scenario fails.
+//! reachability matrix. The Kubernetes-modelled scenarios are written as Kubernetes
+//! NetworkPolicies (`networking.k8s.io/v1`, converted the way Calico converts them); the
+//! Calico-only ones (GlobalNetworkPolicy, tiers and Pass, Deny, order, NetworkSets, Log) as
+//! projectcalico.org/v3. Root only; the lab is removed even when a scenario fails.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -177,146 +179,149 @@ fn scenarios() -> Vec<Scenario> {
         },
         Scenario {
             name: "deny all ingress in y",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: deny-all, namespace: y}
-spec: {selector: all(), types: [Ingress]}",
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]",
             port: 80,
             protocol: "tcp",
             expect: |_, _, t, _| t != "y",
         },
         Scenario {
             name: "allow y ingress only from namespace x (namespace label)",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: from-x, namespace: y}
 spec:
-  selector: all()
+  podSelector: {}
   ingress:
-  - action: Allow
-    source: {namespaceSelector: ns == 'x'}",
+  - from:
+    - namespaceSelector:
+        matchLabels: {ns: x}",
             port: 80,
             protocol: "tcp",
             expect: |f, _, t, _| t != "y" || f == "x",
         },
         Scenario {
             name: "allow y/a ingress only from pods b in any namespace",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: a-from-b, namespace: y}
 spec:
-  selector: pod == 'a'
+  podSelector:
+    matchLabels: {pod: a}
   ingress:
-  - action: Allow
-    source: {selector: pod == 'b', namespaceSelector: all()}",
+  - from:
+    - namespaceSelector: {}
+      podSelector:
+        matchLabels: {pod: b}",
             port: 80,
             protocol: "tcp",
             expect: |_, fp, t, tp| !(t == "y" && tp == "a") || fp == "b",
         },
         Scenario {
             name: "allow ingress to x only from x itself",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: same-ns, namespace: x}
 spec:
-  selector: all()
+  podSelector: {}
   ingress:
-  - action: Allow
-    source: {selector: all()}",
+  - from:
+    - podSelector: {}",
             port: 80,
             protocol: "tcp",
             expect: |f, _, t, _| t != "x" || f == "x",
         },
         Scenario {
             name: "egress: x may only reach z",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: x-to-z, namespace: x}
 spec:
-  selector: all()
-  types: [Egress]
+  podSelector: {}
+  policyTypes: [Egress]
   egress:
-  - action: Allow
-    protocol: UDP
-    destination: {ports: [53]}
-  - action: Allow
-    destination: {namespaceSelector: ns == 'z'}",
+  - ports:
+    - {protocol: UDP, port: 53}
+  - to:
+    - namespaceSelector:
+        matchExpressions:
+        - {key: ns, operator: In, values: [z]}",
             port: 80,
             protocol: "tcp",
             expect: |f, _, t, _| f != "x" || t == "z",
         },
         Scenario {
             name: "egress deny all from z/c (DNS allowed)",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: zc-egress, namespace: z}
 spec:
-  selector: pod == 'c'
-  types: [Egress]
+  podSelector:
+    matchLabels: {pod: c}
+  policyTypes: [Egress]
   egress:
-  - action: Allow
-    protocol: UDP
-    destination: {ports: [53]}",
+  - ports:
+    - {protocol: UDP, port: 53}",
             port: 80,
             protocol: "tcp",
             expect: |f, fp, _, _| !(f == "z" && fp == "c"),
         },
         Scenario {
             name: "named port serve-81-tcp: probing 80 is denied",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: named, namespace: y}
 spec:
-  selector: all()
+  podSelector: {}
   ingress:
-  - action: Allow
-    protocol: TCP
-    destination: {ports: [serve-81-tcp]}",
+  - ports:
+    - {protocol: TCP, port: serve-81-tcp}",
             port: 80,
             protocol: "tcp",
             expect: |_, _, t, _| t != "y",
         },
         Scenario {
             name: "named port serve-81-tcp: probing 81 is allowed",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: named, namespace: y}
 spec:
-  selector: all()
+  podSelector: {}
   ingress:
-  - action: Allow
-    protocol: TCP
-    destination: {ports: [serve-81-tcp]}",
+  - ports:
+    - {protocol: TCP, port: serve-81-tcp}",
             port: 81,
             protocol: "tcp",
             expect: |_, _, _, _| true,
         },
         Scenario {
             name: "port range 80:81 allows 80",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: range, namespace: z}
 spec:
-  selector: all()
+  podSelector: {}
   ingress:
-  - action: Allow
-    protocol: TCP
-    destination: {ports: ['80:81']}",
+  - ports:
+    - {protocol: TCP, port: 80, endPort: 81}",
             port: 80,
             protocol: "tcp",
             expect: |_, _, _, _| true,
         },
         Scenario {
             name: "port range 81:82 denies 80",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: range, namespace: z}
 spec:
-  selector: all()
+  podSelector: {}
   ingress:
-  - action: Allow
-    protocol: TCP
-    destination: {ports: ['81:82']}",
+  - ports:
+    - {protocol: TCP, port: 81, endPort: 82}",
             port: 80,
             protocol: "tcp",
             expect: |_, _, t, _| t != "z",
@@ -340,39 +345,43 @@ spec:
         },
         Scenario {
             name: "ipBlock with except (nets, notNets): all but x/a reach z",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: cidr-except, namespace: z}
 spec:
-  selector: all()
+  podSelector: {}
   ingress:
-  - action: Allow
-    source:
-      nets: [10.244.0.0/16]
-      notNets: ['{ip:x/a}/32']",
+  - from:
+    - ipBlock:
+        cidr: 10.244.0.0/16
+        except: ['{ip:x/a}/32']",
             port: 80,
             protocol: "tcp",
             expect: |f, fp, t, _| t != "z" || !(f == "x" && fp == "a"),
         },
         Scenario {
             name: "multiple policies combine (union of allows)",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: from-x, namespace: y}
 spec:
-  selector: all()
+  podSelector: {}
   ingress:
-  - action: Allow
-    source: {namespaceSelector: ns == 'x'}
+  - from:
+    - namespaceSelector:
+        matchLabels: {ns: x}
 ---
-apiVersion: projectcalico.org/v3
+apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: from-zb, namespace: y}
 spec:
-  selector: all()
+  podSelector: {}
   ingress:
-  - action: Allow
-    source: {namespaceSelector: ns == 'z', selector: pod == 'b'}",
+  - from:
+    - namespaceSelector:
+        matchLabels: {ns: z}
+      podSelector:
+        matchLabels: {pod: b}",
             port: 80,
             protocol: "tcp",
             expect: |f, fp, t, _| t != "y" || f == "x" || (f == "z" && fp == "b"),
@@ -569,17 +578,21 @@ spec:
         },
         Scenario {
             name: "ingress and egress together: y/b talks only to x",
-            yaml: "apiVersion: projectcalico.org/v3
+            yaml: "apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: yb, namespace: y}
 spec:
-  selector: pod == 'b'
+  podSelector:
+    matchLabels: {pod: b}
+  policyTypes: [Ingress, Egress]
   ingress:
-  - action: Allow
-    source: {namespaceSelector: ns == 'x'}
+  - from:
+    - namespaceSelector:
+        matchLabels: {ns: x}
   egress:
-  - action: Allow
-    destination: {namespaceSelector: ns == 'x'}",
+  - to:
+    - namespaceSelector:
+        matchLabels: {ns: x}",
             port: 80,
             protocol: "tcp",
             expect: |f, fp, t, tp| {
@@ -660,6 +673,58 @@ fn policy_scenarios_on_the_lab() {
         );
         if !s.yaml.is_empty() {
             lab.delete(s.yaml);
+        }
+    }
+    // Policy update in place, then delete: the matrix follows each step.
+    let first = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: moving, namespace: x}
+spec:
+  podSelector: {}
+  ingress:
+  - from:
+    - namespaceSelector:
+        matchLabels: {ns: y}";
+    let second = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: moving, namespace: x}
+spec:
+  podSelector: {}
+  ingress:
+  - from:
+    - namespaceSelector:
+        matchLabels: {ns: z}";
+    let steps: [(&str, Option<&str>, Expect); 3] = [
+        ("update: x from y", Some(first), |f, _, t, _| {
+            t != "x" || f == "y"
+        }),
+        (
+            "update: x from z (same policy)",
+            Some(second),
+            |f, _, t, _| t != "x" || f == "z",
+        ),
+        ("delete", None, |_, _, _, _| true),
+    ];
+    for (name, yaml, expect) in steps {
+        match yaml {
+            Some(y) => lab.apply(y),
+            None => lab.delete(second),
+        }
+        let t = Instant::now();
+        let mut last = Vec::new();
+        while t.elapsed() < Duration::from_secs(10) {
+            last = diff(&lab.matrix(80, "tcp"), expect);
+            if last.is_empty() {
+                break;
+            }
+        }
+        eprintln!(
+            "{} {name:<70} {:?}",
+            if last.is_empty() { "ok  " } else { "FAIL" },
+            t.elapsed()
+        );
+        if !last.is_empty() {
+            failures.push(format!("{name}: {last:?}"));
         }
     }
     eprintln!("slowest convergence (matrix runs included): {slowest:?}");
