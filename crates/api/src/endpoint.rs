@@ -288,6 +288,27 @@ impl WorkloadEndpointSpec {
     /// is the pod (orchestrator `k8s`), the container ID (`cni`), the orchestrator again
     /// (`libnetwork`) or the workload (anything else), and every '-' inside a part is doubled
     /// so the parts can be told apart. Errors name the spec field that is missing or malformed.
+    /// The workload id Felix's dataplane knows the endpoint by (Calico's WorkloadID):
+    /// `<namespace>/<pod>` for Kubernetes pods, else the `workload` field, else the name.
+    pub fn workload_id(&self, namespace: &str, name: &str) -> String {
+        if self.orchestrator == "k8s" && !self.pod.is_empty() {
+            format!("{namespace}/{}", self.pod)
+        } else if !self.workload.is_empty() {
+            self.workload.clone()
+        } else {
+            name.to_string()
+        }
+    }
+
+    /// The endpoint id (`eth0` when unset).
+    pub fn endpoint_id(&self) -> String {
+        if self.endpoint.is_empty() {
+            "eth0".to_string()
+        } else {
+            self.endpoint.clone()
+        }
+    }
+
     pub fn expected_name(&self) -> Result<String, (&'static str, String)> {
         let id = match self.orchestrator.as_str() {
             "k8s" => ("pod", &self.pod),
@@ -351,4 +372,32 @@ mod tests {
         };
         assert_eq!(missing.expected_name().unwrap_err().0, "pod");
     }
+}
+
+/// The name of an endpoint's status file (Felix writes it once the endpoint's policy is in;
+/// the CNI plugin can wait for it): orchestrator, workload id and endpoint id, each
+/// percent-encoded as Go's `url.PathEscape` does, joined by spaces (Calico's names).
+pub fn endpoint_status_file_name(orchestrator: &str, workload: &str, endpoint: &str) -> String {
+    fn path_escape(s: &str) -> String {
+        let mut out = String::with_capacity(s.len());
+        for b in s.bytes() {
+            let keep = b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'-' | b'_' | b'.' | b'~' | b':' | b'@' | b'&' | b'=' | b'+' | b'$'
+                );
+            if keep {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
+    }
+    format!(
+        "{} {} {}",
+        path_escape(orchestrator),
+        path_escape(workload),
+        path_escape(endpoint)
+    )
 }

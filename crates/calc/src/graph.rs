@@ -786,21 +786,10 @@ impl CalcGraph {
         }
 
         if is_local {
-            let workload = if spec.orchestrator == "k8s" && !spec.pod.is_empty() {
-                format!("{namespace}/{}", spec.pod)
-            } else if !spec.workload.is_empty() {
-                spec.workload.clone()
-            } else {
-                name.to_string()
-            };
             let id = WorkloadEndpointId {
                 orchestrator: spec.orchestrator.clone(),
-                workload,
-                endpoint: if spec.endpoint.is_empty() {
-                    "eth0".to_string()
-                } else {
-                    spec.endpoint.clone()
-                },
+                workload: spec.workload_id(namespace, name),
+                endpoint: spec.endpoint_id(),
             };
             let data = WorkloadEndpointData {
                 interface: spec.interface_name.clone(),

@@ -37,7 +37,11 @@ fn resource(slot: usize, variant: usize) -> Option<Resource> {
     let sel2 = SELECTORS[(v + 2) % SELECTORS.len()];
     let yaml = match slot {
         0..=5 => {
-            let node = if slot.is_multiple_of(3) { "host2" } else { HOST };
+            let node = if slot.is_multiple_of(3) {
+                "host2"
+            } else {
+                HOST
+            };
             let ns = if slot.is_multiple_of(2) { "ns1" } else { "ns2" };
             let ip = format!("192.168.{}.{}", slot, 10 + v % 3);
             let profiles = if v % 4 == 3 {
@@ -132,7 +136,11 @@ spec:
 kind: IPPool
 metadata: {{name: pool}}
 spec: {{cidr: 192.168.0.0/16, vxlanMode: {}, natOutgoing: {}}}",
-            if v.is_multiple_of(2) { "Always" } else { "Never" },
+            if v.is_multiple_of(2) {
+                "Always"
+            } else {
+                "Never"
+            },
             v.is_multiple_of(3)
         ),
         _ => format!(

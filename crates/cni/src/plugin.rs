@@ -586,6 +586,12 @@ impl Call {
         tracing::debug!(elapsed = ?started.elapsed(), "interfaces ready");
         test_pause(&self.env, "veth");
         let wep = ident.endpoint(w, &host_veth, &set_up.container_mac, ips)?;
+        let status_file = margay_api::endpoint::endpoint_status_file_name(
+            &wep.spec.orchestrator,
+            &wep.spec
+                .workload_id(&wep.metadata.namespace, &wep.metadata.name),
+            &wep.spec.endpoint_id(),
+        );
         store
             .client
             .apply(Resource::WorkloadEndpoint(wep))
@@ -593,9 +599,32 @@ impl Call {
             .map_err(|e| datastore_error("writing the WorkloadEndpoint", e))?;
         tracing::debug!(elapsed = ?started.elapsed(), "endpoint written");
         if self.conf.policy_setup_timeout_seconds > 0 {
-            tracing::warn!(
-                "policy_setup_timeout_seconds is set, but margay's Felix does not report endpoint status yet; not waiting"
+            // Wait (bounded) for Felix to report the endpoint's policy in place, as Calico's
+            // plugin does; a timeout lets the pod start anyway.
+            let dir = if self.conf.endpoint_status_dir.is_empty() {
+                PathBuf::from("/var/run/calico/endpoint-status")
+            } else {
+                PathBuf::from(&self.conf.endpoint_status_dir)
+            };
+            let path = dir.join(&status_file);
+            let limit = std::time::Duration::from_secs(
+                u64::try_from(self.conf.policy_setup_timeout_seconds).unwrap_or(0),
             );
+            let waited = std::time::Instant::now();
+            loop {
+                if path.exists() {
+                    tracing::info!(elapsed = ?waited.elapsed(), "policy for the endpoint is in place");
+                    break;
+                }
+                if waited.elapsed() >= limit {
+                    tracing::warn!(
+                        file = %path.display(),
+                        "Felix did not report the endpoint's policy within policy_setup_timeout_seconds; unblocking pod creation"
+                    );
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
         }
         let mut result = CniResult {
             interfaces: vec![

@@ -24,32 +24,9 @@ pub struct EndpointStatusFile {
     pub ipv6_nets: Vec<String>,
 }
 
-/// Percent-encodes like Go's url.PathEscape (unreserved characters and `:@&=+$` stay).
-fn path_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        let keep = b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'_' | b'.' | b'~' | b':' | b'@' | b'&' | b'=' | b'+' | b'$'
-            );
-        if keep {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// `<orchestrator> <workload> <endpoint>`, each path-escaped (Calico's file name).
 pub fn file_name(id: &WorkloadEndpointId) -> String {
-    format!(
-        "{} {} {}",
-        path_escape(&id.orchestrator),
-        path_escape(&id.workload),
-        path_escape(&id.endpoint)
-    )
+    margay_api::endpoint::endpoint_status_file_name(&id.orchestrator, &id.workload, &id.endpoint)
 }
 
 fn content(ep: &WorkloadEndpointData) -> EndpointStatusFile {

@@ -492,7 +492,10 @@ fn labels_impls() {
 #[test]
 fn label_prefixing_for_namespace_selectors() {
     use margay_selector::prefix_labels;
-    assert_eq!(prefix_labels("env == 'prod'", "pcns.").unwrap(), r#"pcns.env == "prod""#);
+    assert_eq!(
+        prefix_labels("env == 'prod'", "pcns.").unwrap(),
+        r#"pcns.env == "prod""#
+    );
     assert_eq!(
         prefix_labels("has(a) && b in {'x'} || !c starts with 'y'", "pcsa.").unwrap(),
         r#"((has(pcsa.a) && pcsa.b in {"x"}) || !pcsa.c starts with "y")"#

@@ -377,10 +377,7 @@ pub fn render_rule(r: &ResolvedRule, cfg: &NftConfig, owner: &str) -> Vec<String
                 // other family past this rule before any lookup.
                 parts.insert(
                     0,
-                    format!(
-                        "meta nfproto {}",
-                        if family == 4 { "ipv4" } else { "ipv6" }
-                    ),
+                    format!("meta nfproto {}", if family == 4 { "ipv4" } else { "ipv6" }),
                 );
                 parts.push(action.clone());
                 out.push(parts.join(" "));
