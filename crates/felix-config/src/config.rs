@@ -112,17 +112,27 @@ impl Config {
         ]
         .iter()
         .any(|s| !s.is_empty());
-        if any_tls
-            && (self.typha_key_file.is_empty()
-                || self.typha_cert_file.is_empty()
-                || self.typha_ca_file.is_empty()
-                || (self.typha_cn.is_empty() && self.typha_uri_san.is_empty()))
-        {
-            errors.push(
-                "if any Felix-Typha TLS parameter is set, TyphaKeyFile, TyphaCertFile, \
-                 TyphaCAFile and one of TyphaCN or TyphaURISAN must all be set"
-                    .into(),
-            );
+        if any_tls {
+            let mut missing: Vec<&str> = [
+                ("TyphaKeyFile", &self.typha_key_file),
+                ("TyphaCertFile", &self.typha_cert_file),
+                ("TyphaCAFile", &self.typha_ca_file),
+            ]
+            .iter()
+            .filter(|(_, v)| v.is_empty())
+            .map(|(n, _)| *n)
+            .collect();
+            if self.typha_cn.is_empty() && self.typha_uri_san.is_empty() {
+                missing.push("TyphaCN or TyphaURISAN");
+            }
+            if !missing.is_empty() {
+                errors.push(format!(
+                    "if any Felix-Typha TLS parameter is set, TyphaKeyFile, TyphaCertFile, \
+                     TyphaCAFile and one of TyphaCN or TyphaURISAN must all be set; missing: {} \
+                     (a file parameter whose file does not exist counts as missing)",
+                    missing.join(", ")
+                ));
+            }
         }
         if errors.is_empty() {
             Ok(())

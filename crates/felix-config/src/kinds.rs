@@ -72,6 +72,8 @@ pub enum Kind {
         executable: bool,
     },
     Authority,
+    /// margay: one or more comma-separated `host:port` (TyphaAddr: several Typhas).
+    AuthorityList,
     Ipv4,
     Ipv6,
     EndpointList,
@@ -176,6 +178,7 @@ impl Kind {
                 executable: p.contains("executable"),
             },
             "authority" => Kind::Authority,
+            "authority-list" => Kind::AuthorityList,
             "ipv4" => Kind::Ipv4,
             "ipv6" => Kind::Ipv6,
             "endpoint-list" => Kind::EndpointList,
@@ -217,6 +220,7 @@ impl Kind {
             | Kind::IfaceParam
             | Kind::File { .. }
             | Kind::Authority
+            | Kind::AuthorityList
             | Kind::Hostname
             | Kind::HostAddress
             | Kind::Region
@@ -291,6 +295,7 @@ impl Kind {
             } => "executable name or path".into(),
             Kind::File { .. } => "file path".into(),
             Kind::Authority => "host:port".into(),
+            Kind::AuthorityList => "host:port, or several separated by commas".into(),
             Kind::Ipv4 => "IPv4 address".into(),
             Kind::Ipv6 => "IPv6 address".into(),
             Kind::EndpointList => "comma-separated http(s)://host:port URLs".into(),
@@ -396,6 +401,13 @@ impl Kind {
                         return Err("failed to access file".into());
                     }
                     Value::Str(raw.to_string())
+                }
+            }
+            Kind::AuthorityList => {
+                if raw.split(',').all(|a| authority_ok(a.trim())) {
+                    Value::Str(raw.to_string())
+                } else {
+                    return Err("invalid URL authority (expected host:port[,host:port...])".into());
                 }
             }
             Kind::Authority => {

@@ -461,8 +461,8 @@ params! {
         "CA bundle used to verify etcd.";
     EtcdEndpoints etcd_endpoints: Vec<String> = "endpoint-list", "", [Local], Datastore, "", true,
         "Comma-separated etcd URLs; replaces EtcdAddr and EtcdScheme.";
-    TyphaAddr typha_addr: String = "authority", "", [Local], Datastore, "", true,
-        "Connect to Typha at this host:port (takes precedence over TyphaK8sServiceName).";
+    TyphaAddr typha_addr: String = "authority-list", "", [Local], Datastore, "", true,
+        "Connect to Typha at this host:port (takes precedence over TyphaK8sServiceName); margay accepts several, comma-separated, and fails over between them.";
     TyphaK8sServiceName typha_k8s_service_name: String = "string", "", [Local], Datastore, "", true,
         "Find Typha through the endpoints of this Kubernetes service.";
     TyphaK8sNamespace typha_k8s_namespace: String = "string", "kube-system", [NonZero, Local], Datastore, "", true,

@@ -46,6 +46,10 @@ const CASES: &[(&str, &str, Want)] = &[
     ("EtcdAddr", "host", Warn("127.0.0.1:2379")),
     ("EtcdAddr", "host:port", Warn("127.0.0.1:2379")),
     ("EtcdAddr", "http://host:1", Warn("127.0.0.1:2379")),
+    // margay: TyphaAddr takes one or several authorities.
+    ("TyphaAddr", "10.0.0.1:5473", Ok("10.0.0.1:5473")),
+    ("TyphaAddr", "t1:5473,t2:5473", Ok("t1:5473,t2:5473")),
+    ("TyphaAddr", "t1:5473,t2", Warn("")),
     ("EtcdScheme", "https", Ok("https")),
     ("EtcdScheme", "HTTPS", Ok("https")),
     ("EtcdScheme", "ftp", Warn("http")),

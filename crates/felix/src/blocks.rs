@@ -21,7 +21,9 @@ pub enum BlockEvent {
     InSync,
 }
 
-fn affinity(value: &[u8]) -> Option<(Cidr, Option<String>)> {
+/// A stored block's CIDR and the host it is affine to (None when deleted or unaffine); None
+/// when the value is not a block.
+pub fn affinity(value: &[u8]) -> Option<(Cidr, Option<String>)> {
     let b: AllocationBlock = serde_json::from_slice(value).ok()?;
     let host = b.host().map(str::to_string);
     Some((b.cidr.network(), if b.deleted { None } else { host }))

@@ -38,27 +38,17 @@ use crate::status::{
     BootstrapView, DataplaneView, EndpointView, IpSetView, ProblemView, REQUESTS, StatusDoc,
     StatusSocket, TierView,
 };
+use crate::typha_feed::{FeedItem, TYPHA_CONNECTION, TyphaFeed};
 use crate::{LogLevelSetter, calico_level};
+use margay_typha::ConnectionState;
 
 /// Calico's calculation-graph flush tick.
 const FLUSH_INTERVAL: Duration = Duration::from_millis(10);
 /// How long to wait before retrying a failed start-up step (Calico: 1 s).
 const RETRY: Duration = Duration::from_secs(1);
-/// The kinds Felix syncs (Calico's felixsyncer, less what margay does not model).
-pub const FELIX_KINDS: &[Kind] = &[
-    Kind::ClusterInformation,
-    Kind::FelixConfiguration,
-    Kind::Node,
-    Kind::IPPool,
-    Kind::Tier,
-    Kind::GlobalNetworkPolicy,
-    Kind::NetworkPolicy,
-    Kind::Profile,
-    Kind::WorkloadEndpoint,
-    Kind::HostEndpoint,
-    Kind::NetworkSet,
-    Kind::GlobalNetworkSet,
-];
+/// The kinds Felix syncs (Calico's felixsyncer, less what margay does not model); Typha's
+/// `felix` syncer type carries the same list.
+pub const FELIX_KINDS: &[Kind] = margay_typha::syncers::FELIX_KINDS;
 
 /// How to run Felix.
 #[derive(Clone)]
@@ -629,7 +619,7 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
     let mut said_no_file = false;
 
     tracing::info!("Loading configuration...");
-    let (local, ds_desc, backend, ds_inputs, loaded) = 'config: loop {
+    let (local, ds_desc, source, ds_inputs, loaded) = 'config: loop {
         health.report(FELIX_STARTUP, true, false);
         let local = match LocalInputs::read(
             opts.env.clone(),
@@ -658,16 +648,36 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
         let c = &local_loaded.config;
         health_server.ensure(c.health_enabled, &c.health_host, c.health_port, health);
         if !c.typha_addr.is_empty() || !c.typha_k8s_service_name.is_empty() {
-            let what = if c.typha_addr.is_empty() {
-                format!("TyphaK8sServiceName={:?}", c.typha_k8s_service_name)
-            } else {
-                format!("TyphaAddr={:?}", c.typha_addr)
-            };
-            return Err(StartError::Fatal(format!(
-                "{what} asks Felix to sync through Typha, but margay's Typha client is not built yet \
-                 (it arrives with margay typha); unset FELIX_TYPHAADDR / FELIX_TYPHAK8SSERVICENAME \
-                 to sync from the datastore directly"
-            )));
+            // Through Typha: everything, configuration included, comes from Typha's felix
+            // syncer; Felix never connects to the datastore.
+            let topts = crate::typha_feed::client_options(c)
+                .map_err(|e| StartError::Fatal(e.to_string()))?;
+            mark("config_load");
+            let addrs = topts.addrs.join(",");
+            tracing::info!(typha = %addrs, "Syncing through Typha (TyphaAddr): Felix does not connect to the datastore");
+            health.register(TYPHA_CONNECTION, false, true, Duration::ZERO);
+            health.report(TYPHA_CONNECTION, true, false);
+            let mut feed = TyphaFeed::start(topts);
+            let hostname = c.felix_hostname.clone();
+            let started = typha_startup(&mut feed, &local, health, &hostname).await?;
+            mark("datastore_connect");
+            let TyphaStart {
+                buffered,
+                inputs,
+                loaded,
+                pools,
+            } = started;
+            break 'config (
+                local,
+                format!("typha {addrs}"),
+                Source::Typha {
+                    feed,
+                    buffered,
+                    pools,
+                },
+                inputs,
+                loaded,
+            );
         }
         mark("config_load");
 
@@ -729,23 +739,34 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
-            break 'config (local, ds_cfg.describe(), backend, ds, loaded);
+            break 'config (
+                local,
+                ds_cfg.describe(),
+                Source::Datastore(backend),
+                ds,
+                loaded,
+            );
         }
     };
     mark("datastore_config");
-    let client = Client::new(backend.clone());
     let config = loaded.config.clone();
     let hostname = config.felix_hostname.clone();
 
     // The encapsulation the pools call for, unless configuration forces it.
-    let pools = loop {
-        match client.list(Kind::IPPool, None, "").await {
-            Ok(l) => break l.items,
-            Err(e) => {
-                tracing::error!(error = %e, "Failed to list IP pools; retrying in 1s");
-                tokio::time::sleep(RETRY).await;
+    let pools = match &source {
+        Source::Datastore(backend) => {
+            let client = Client::new(backend.clone());
+            loop {
+                match client.list(Kind::IPPool, None, "").await {
+                    Ok(l) => break l.items,
+                    Err(e) => {
+                        tracing::error!(error = %e, "Failed to list IP pools; retrying in 1s");
+                        tokio::time::sleep(RETRY).await;
+                    }
+                }
             }
         }
+        Source::Typha { pools, .. } => pools.clone(),
     };
     let encap = EncapPolicy {
         ipip_override: config.ip_in_ip_enabled,
@@ -871,26 +892,41 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
             .map_err(|e| StartError::Fatal(format!("cannot start the calculation thread: {e}")))?;
     }
 
-    // The syncer and the validation filter.
+    // The syncer (or Typha) and the validation filter.
     let (sync_tx, sync_rx) = mpsc::channel::<SyncerEvent>(16);
-    let syncer = WatcherSyncer::new(backend.clone(), SyncerOptions::new(FELIX_KINDS.to_vec()));
-    let syncer_stats = syncer.stats();
-    tracing::info!("Starting the datastore Syncer");
-    let syncer_task = tokio::spawn(syncer.run(sync_tx));
-    // IPAM blocks, for routes to remote blocks.
-    let blocks_task = {
-        let backend = backend.clone();
-        let calc_tx = calc_tx.clone();
-        tokio::spawn(async move {
-            let (block_tx, mut block_rx) = mpsc::channel(64);
-            let watcher = tokio::spawn(crate::blocks::run(backend, block_tx));
-            while let Some(ev) = block_rx.recv().await {
-                if calc_tx.send(CalcInput::Block(ev)).is_err() {
-                    break;
-                }
-            }
-            watcher.abort();
-        })
+    let (syncer_task, blocks_task) = match source {
+        Source::Datastore(backend) => {
+            let syncer =
+                WatcherSyncer::new(backend.clone(), SyncerOptions::new(FELIX_KINDS.to_vec()));
+            tracing::info!("Starting the datastore Syncer");
+            let syncer_task = tokio::spawn(syncer.run(sync_tx));
+            // IPAM blocks, for routes to remote blocks.
+            let blocks_task = {
+                let calc_tx = calc_tx.clone();
+                tokio::spawn(async move {
+                    let (block_tx, mut block_rx) = mpsc::channel(64);
+                    let watcher = tokio::spawn(crate::blocks::run(backend, block_tx));
+                    while let Some(ev) = block_rx.recv().await {
+                        if calc_tx.send(CalcInput::Block(ev)).is_err() {
+                            break;
+                        }
+                    }
+                    watcher.abort();
+                })
+            };
+            (syncer_task, blocks_task)
+        }
+        Source::Typha { feed, buffered, .. } => {
+            tracing::info!("Feeding the pipeline from Typha");
+            let task = tokio::spawn(run_typha_feed(
+                feed,
+                buffered,
+                sync_tx,
+                calc_tx.clone(),
+                health.clone(),
+            ));
+            (task, tokio::spawn(async {}))
+        }
     };
     {
         let shared = shared.clone();
@@ -909,7 +945,6 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
             .spawn(move || validation_loop(sync_rx, calc_tx, shared, watch))
             .map_err(|e| StartError::Fatal(format!("cannot start the validation thread: {e}")))?;
     }
-    let _ = syncer_stats;
     tracing::info!("Started the processing graph");
 
     // Metrics, the status socket, and the start-up summary once ready.
@@ -982,6 +1017,149 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
         blocks: blocks_task,
         stop_servers,
     })
+}
+
+// ---- Typha ---------------------------------------------------------------------------------------
+
+/// Where Felix's inputs come from.
+enum Source {
+    Datastore(margay_datastore::AnyBackend),
+    /// Typha: the running client, what it delivered during start-up (replayed into the
+    /// pipeline first) and the pools in it.
+    Typha {
+        feed: TyphaFeed,
+        buffered: Vec<FeedItem>,
+        pools: Vec<Resource>,
+    },
+}
+
+struct TyphaStart {
+    buffered: Vec<FeedItem>,
+    inputs: DatastoreInputs,
+    loaded: Loaded,
+    pools: Vec<Resource>,
+}
+
+/// Start-up through Typha: consumes the stream until it is in sync and the configuration it
+/// carries loads with ClusterInformation ready (Calico's wait for datastoreReady), keeping
+/// everything for the pipeline.
+async fn typha_startup(
+    feed: &mut TyphaFeed,
+    local: &LocalInputs,
+    health: &HealthAggregator,
+    hostname: &str,
+) -> Result<TyphaStart, StartError> {
+    let mut buffered = Vec::new();
+    let mut inputs = DatastoreInputs::default();
+    let mut pools: BTreeMap<String, Resource> = BTreeMap::new();
+    let mut in_sync = false;
+    let mut last_wait_log: Option<Instant> = None;
+    loop {
+        let Some(items) = feed.next().await else {
+            return Err(StartError::Fatal("the Typha client stopped".into()));
+        };
+        let mut changed = false;
+        for item in &items {
+            match item {
+                FeedItem::Syncer(SyncerEvent::Updates(us)) => {
+                    for u in us {
+                        changed |= inputs.apply(&u.key, u.value.as_ref(), hostname);
+                        if u.key.kind == Kind::IPPool {
+                            match &u.value {
+                                Some(v) => pools.insert(u.key.name.clone(), v.clone()),
+                                None => pools.remove(&u.key.name),
+                            };
+                        }
+                    }
+                }
+                FeedItem::Syncer(SyncerEvent::Status(SyncStatus::InSync)) => {
+                    in_sync = true;
+                    changed = true;
+                }
+                FeedItem::Connection(c) => report_typha(health, c),
+                _ => {}
+            }
+        }
+        buffered.extend(items);
+        if !in_sync || !changed {
+            continue;
+        }
+        let loaded = match load(&inputs.config_inputs(local, hostname)) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "Failed to parse/validate configuration from Typha; waiting for a change");
+                continue;
+            }
+        };
+        if loaded.datastore_ready != Some(true) {
+            health.report(FELIX_STARTUP, true, true);
+            if last_wait_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                last_wait_log = Some(Instant::now());
+                tracing::warn!(
+                    "Waiting for datastore to be initialized: ClusterInformation \"default\" \
+                     does not have datastoreReady: true (margay node startup sets it)"
+                );
+            }
+            continue;
+        }
+        return Ok(TyphaStart {
+            buffered,
+            inputs,
+            loaded,
+            pools: pools.into_values().collect(),
+        });
+    }
+}
+
+fn report_typha(health: &HealthAggregator, c: &ConnectionState) {
+    match c {
+        ConnectionState::Connected { addr, server_id } => {
+            tracing::info!(addr = %addr, server = %server_id, "Typha connection up");
+            health.report(TYPHA_CONNECTION, true, true);
+        }
+        ConnectionState::Disconnected { reason } => {
+            tracing::warn!(reason = %reason, "No Typha connection; retrying");
+            health.report(TYPHA_CONNECTION, true, false);
+        }
+    }
+}
+
+/// Feeds the pipeline from Typha: first what start-up consumed, then the live stream.
+async fn run_typha_feed(
+    mut feed: TyphaFeed,
+    buffered: Vec<FeedItem>,
+    sync_tx: mpsc::Sender<SyncerEvent>,
+    calc_tx: smpsc::Sender<CalcInput>,
+    health: HealthAggregator,
+) {
+    let mut pending = Some(buffered);
+    loop {
+        let items = match pending.take() {
+            Some(b) => b,
+            None => match feed.next().await {
+                Some(i) => i,
+                None => {
+                    tracing::error!("the Typha client stopped");
+                    return;
+                }
+            },
+        };
+        for item in items {
+            match item {
+                FeedItem::Syncer(ev) => {
+                    if sync_tx.send(ev).await.is_err() {
+                        return;
+                    }
+                }
+                FeedItem::Block(ev) => {
+                    if calc_tx.send(CalcInput::Block(ev)).is_err() {
+                        return;
+                    }
+                }
+                FeedItem::Connection(c) => report_typha(&health, &c),
+            }
+        }
+    }
 }
 
 // ---- validation filter and configuration watch ------------------------------------------------

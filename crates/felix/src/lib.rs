@@ -17,6 +17,7 @@ pub mod http;
 pub mod inputs;
 pub mod metrics;
 pub mod status;
+pub mod typha_feed;
 
 use std::path::PathBuf;
 

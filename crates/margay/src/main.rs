@@ -41,6 +41,9 @@ enum Role {
     /// A real multi-node cluster on this machine, in network namespaces: the demo and the
     /// end-to-end test bed.
     Lab(margay_lab::LabArgs),
+    /// The fan-out cache between the datastore and Felix (like calico-typha): run it, or
+    /// benchmark it.
+    Typha(margay_typha::cli::TyphaArgs),
 }
 
 fn main() -> ExitCode {
@@ -91,7 +94,10 @@ fn main() -> ExitCode {
         Role::Felix(f) if felix_runs_daemon(f) => {
             calico_level(std::env::var("FELIX_LOGSEVERITYSCREEN").ok(), "info")
         }
-        Role::Felix(_) | Role::Cni(_) | Role::Lab(_) => "warn".to_string(),
+        Role::Typha(t) if margay_typha::cli::runs_daemon(t) => {
+            margay_typha::cli::log_level_from_env()
+        }
+        Role::Felix(_) | Role::Cni(_) | Role::Lab(_) | Role::Typha(_) => "warn".to_string(),
     });
     let set_level = init_logging(&level);
     let code = match cli.role {
@@ -116,6 +122,7 @@ fn main() -> ExitCode {
             margay_cni::cli::run_cni(cni, &mut io::stdout().lock(), &mut io::stderr().lock())
         }
         Role::Lab(lab) => margay_lab::run(lab, &mut io::stdout(), &mut io::stderr()),
+        Role::Typha(typha) => margay_typha::cli::run_typha(typha, &mut io::stdout()),
     };
     let _ = io::stdout().flush();
     ExitCode::from(code)

@@ -1,1 +1,64 @@
-//! todo
+//! `margay typha` commands.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+use crate::bench::BenchArgs;
+use crate::config::DEFAULT_CONFIG_FILE;
+
+/// margay typha: the fan-out cache between the datastore and Felix (like calico-typha).
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Typha reads TYPHA_* variables (Calico's names: TYPHA_SERVERPORT, TYPHA_HEALTHENABLED, \
+TYPHA_SERVERKEYFILE, TYPHA_CLIENTCN, …) over /etc/calico/typha.cfg, and reaches the datastore like every \
+other role (DATASTORE_TYPE, DATASTORE_PATH, ETCD_ENDPOINTS, …). It serves clients on port 5473, health \
+on 9098 and metrics on 9093. SIGTERM moves every client to another Typha before it exits."
+)]
+pub struct TyphaArgs {
+    /// The config file (INI; missing is fine).
+    #[arg(long, short = 'c', value_name = "FILE", env = "TYPHA_CONFIG_FILE", default_value = DEFAULT_CONFIG_FILE, global = true)]
+    pub config_file: PathBuf,
+    #[command(subcommand)]
+    pub command: Option<TyphaCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TyphaCommand {
+    /// Run Typha (the default).
+    Run,
+    /// Benchmark a real Typha process on loopback: clients joining a snapshot, update fan-out
+    /// latency, memory per client.
+    Bench(BenchArgs),
+}
+
+/// The screen log level Typha starts with (TYPHA_LOGSEVERITYSCREEN, Calico's names).
+pub fn log_level_from_env() -> String {
+    match std::env::var("TYPHA_LOGSEVERITYSCREEN")
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "debug" => "debug",
+        "warning" | "warn" => "warn",
+        "error" | "critical" | "fatal" | "panic" => "error",
+        _ => "info",
+    }
+    .to_string()
+}
+
+/// Whether the command runs the daemon (for log set-up).
+pub fn runs_daemon(args: &TyphaArgs) -> bool {
+    matches!(args.command, None | Some(TyphaCommand::Run))
+}
+
+/// Runs a `margay typha` command; returns the exit code.
+pub fn run_typha(args: TyphaArgs, out: &mut dyn std::io::Write) -> u8 {
+    match args.command {
+        None | Some(TyphaCommand::Run) => {
+            crate::daemon::run(crate::daemon::DaemonOptions::from_process(args.config_file))
+        }
+        Some(TyphaCommand::Bench(b)) => crate::bench::run(b, out),
+    }
+}

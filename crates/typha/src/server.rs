@@ -100,8 +100,14 @@ pub struct ServerStats {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Command {
     None,
-    Migrate { reason: String },
-    Close { reason: String },
+    Migrate {
+        reason: String,
+    },
+    Close {
+        reason: String,
+    },
+    /// Drop the connection without a word (tests: a Typha that dies).
+    Abort,
 }
 
 struct ConnEntry {
@@ -172,7 +178,7 @@ impl Server {
 
     /// Accepts clients until `stop` turns true.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
-        let housekeeping = tokio::spawn(self.clone().housekeeping(stop.clone()));
+        let _housekeeping = AbortOnDrop(tokio::spawn(self.clone().housekeeping(stop.clone())));
         loop {
             tokio::select! {
                 r = listener.accept() => match r {
@@ -192,7 +198,6 @@ impl Server {
                 break;
             }
         }
-        housekeeping.abort();
     }
 
     /// Drops stale shared snapshots; over the limit, asks one connection per drop interval
@@ -286,6 +291,15 @@ impl Server {
                     reason: "this Typha is shutting down".into(),
                 });
             }
+        }
+    }
+
+    /// Drops every connection at once, without telling the clients (as a killed Typha would);
+    /// with `serve` stopped, this Typha is gone.
+    pub fn abort_all(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+        for c in lock(&self.conns).values() {
+            let _ = c.commands.send(Command::Abort);
         }
     }
 
@@ -527,6 +541,7 @@ impl Server {
                             }
                             grace_deadline = Some(tokio::time::Instant::now() + grace);
                         }
+                        Command::Abort => break "aborted".into(),
                         Command::Close { reason } => {
                             let m = Message::Error { code: codes::SHUTTING_DOWN.into(), message: reason.clone() };
                             let _ = wire::write_frame(&mut wr, &proto::encode(&m, false), Duration::from_secs(1)).await;

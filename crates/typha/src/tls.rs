@@ -40,10 +40,10 @@ impl ExpectedPeer {
     /// Checks an end-entity certificate; the error says what it carries instead.
     pub fn check(&self, der: &[u8]) -> Result<(), String> {
         let names = cert_names(der).ok_or("the peer certificate cannot be parsed")?;
-        if !self.cn.is_empty() && names.common_names.iter().any(|c| *c == self.cn) {
+        if !self.cn.is_empty() && names.common_names.contains(&self.cn) {
             return Ok(());
         }
-        if !self.uri_san.is_empty() && names.uri_sans.iter().any(|u| *u == self.uri_san) {
+        if !self.uri_san.is_empty() && names.uri_sans.contains(&self.uri_san) {
             return Ok(());
         }
         Err(format!(

@@ -1,0 +1,254 @@
+//! Felix's inputs through Typha (TyphaAddr): the Typha client (failover, migration, dedupe
+//! buffer) turned into exactly what the datastore path produces — the syncer's
+//! `SyncerEvent`s for the v3 resources and `BlockEvent`s for the IPAM blocks — so the rest of
+//! the pipeline is unchanged and Felix never talks to the datastore.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use margay_api::net::Cidr;
+use margay_datastore::{SyncStatus, SyncerEvent, Update, UpdateType};
+use margay_felix_config::Config;
+use margay_typha::client::{self, ClientEvent, ClientOptions, ClientStats, ConnectionState};
+use margay_typha::proto::Kv;
+use margay_typha::syncers::{IPAM_BLOCKS_PREFIX, SyncerType};
+use margay_typha::tls::{ClientTls, ExpectedPeer, FELIX_PARAMS, TlsFiles};
+use tokio::sync::mpsc;
+
+use crate::FelixError;
+use crate::blocks::BlockEvent;
+
+/// The health reporter that follows the Typha connection.
+pub const TYPHA_CONNECTION: &str = "TyphaConnection";
+
+/// One input for the pipeline.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FeedItem {
+    Syncer(SyncerEvent),
+    Block(BlockEvent),
+    Connection(ConnectionState),
+}
+
+/// The Typha client's options from Felix's configuration.
+pub fn client_options(c: &Config) -> Result<ClientOptions, FelixError> {
+    if c.typha_addr.is_empty() {
+        return Err(FelixError::Config(
+            "TyphaK8sServiceName is not supported: margay has no Kubernetes API client to find \
+             Typha's endpoints; set FELIX_TYPHAADDR to Typha's host:port (several may be given, \
+             comma-separated)"
+                .into(),
+        ));
+    }
+    let addrs: Vec<String> = c
+        .typha_addr
+        .split(',')
+        .map(|a| a.trim().to_string())
+        .filter(|a| !a.is_empty())
+        .collect();
+    let mut o = ClientOptions::new(addrs, c.felix_hostname.clone(), SyncerType::Felix);
+    o.info = format!("margay felix {}", env!("CARGO_PKG_VERSION"));
+    if !c.typha_read_timeout.is_zero() {
+        o.read_timeout = c.typha_read_timeout;
+    }
+    if !c.typha_write_timeout.is_zero() {
+        o.write_timeout = c.typha_write_timeout;
+    }
+    let any_tls = [&c.typha_key_file, &c.typha_cert_file, &c.typha_ca_file]
+        .iter()
+        .any(|s| !s.is_empty());
+    if any_tls {
+        let files = TlsFiles {
+            key_file: c.typha_key_file.clone(),
+            cert_file: c.typha_cert_file.clone(),
+            ca_file: c.typha_ca_file.clone(),
+            expected: ExpectedPeer {
+                cn: c.typha_cn.clone(),
+                uri_san: c.typha_uri_san.clone(),
+            },
+        };
+        let tls = ClientTls::from_files(&files, FELIX_PARAMS)
+            .map_err(|e| FelixError::Config(format!("Typha TLS: {e}")))?;
+        o.tls = Some(tls);
+    }
+    Ok(o)
+}
+
+/// A running Typha client.
+pub struct TyphaFeed {
+    rx: mpsc::Receiver<ClientEvent>,
+    task: tokio::task::JoinHandle<()>,
+    pub stats: Arc<ClientStats>,
+    converter: Converter,
+}
+
+impl Drop for TyphaFeed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TyphaFeed {
+    pub fn start(opts: ClientOptions) -> TyphaFeed {
+        let (tx, rx) = mpsc::channel(16);
+        let stats = Arc::new(ClientStats::default());
+        let task = tokio::spawn(client::run(opts, tx, stats.clone()));
+        TyphaFeed {
+            rx,
+            task,
+            stats,
+            converter: Converter::default(),
+        }
+    }
+
+    /// The next inputs (None: the client stopped).
+    pub async fn next(&mut self) -> Option<Vec<FeedItem>> {
+        let ev = self.rx.recv().await?;
+        Some(self.converter.convert(ev))
+    }
+}
+
+/// Turns client events into pipeline inputs; remembers each block key's CIDR so that a
+/// deleted block can be named.
+#[derive(Debug, Default)]
+pub struct Converter {
+    blocks: HashMap<String, Cidr>,
+}
+
+impl Converter {
+    pub fn convert(&mut self, ev: ClientEvent) -> Vec<FeedItem> {
+        match ev {
+            ClientEvent::Status(s) => {
+                let mut out = Vec::new();
+                if s == SyncStatus::InSync {
+                    // Blocks travel in the same stream: they are complete too.
+                    out.push(FeedItem::Block(BlockEvent::InSync));
+                }
+                out.push(FeedItem::Syncer(SyncerEvent::Status(s)));
+                out
+            }
+            ClientEvent::Connection(c) => vec![FeedItem::Connection(c)],
+            ClientEvent::Kvs(kvs) => self.kvs(kvs),
+        }
+    }
+
+    fn kvs(&mut self, kvs: Vec<Kv>) -> Vec<FeedItem> {
+        let mut out = Vec::new();
+        let mut updates: Vec<Update> = Vec::new();
+        for kv in kvs {
+            if kv.key.starts_with(IPAM_BLOCKS_PREFIX) {
+                if let Some(ev) = self.block(&kv) {
+                    if !updates.is_empty() {
+                        out.push(FeedItem::Syncer(SyncerEvent::Updates(std::mem::take(
+                            &mut updates,
+                        ))));
+                    }
+                    out.push(FeedItem::Block(ev));
+                }
+                continue;
+            }
+            match client::to_update(&kv) {
+                Some(Ok(u)) => updates.push(u),
+                Some(Err(e)) => {
+                    // Typha validated it; a Felix that cannot decode it (version skew) treats
+                    // it as absent, as the datastore syncer does.
+                    tracing::warn!(key = %kv.key, error = %e, "a value from Typha does not decode; treating it as deleted");
+                    if let Some(key) = margay_datastore::keys::parse_resource_path(&kv.key) {
+                        updates.push(Update {
+                            key,
+                            value: None,
+                            revision: kv.revision,
+                            update_type: UpdateType::Deleted,
+                        });
+                    }
+                }
+                None => tracing::debug!(key = %kv.key, "ignoring a key Felix does not use"),
+            }
+        }
+        if !updates.is_empty() {
+            out.push(FeedItem::Syncer(SyncerEvent::Updates(updates)));
+        }
+        out
+    }
+
+    fn block(&mut self, kv: &Kv) -> Option<BlockEvent> {
+        match &kv.value {
+            Some(v) => match crate::blocks::affinity(v) {
+                Some((cidr, host)) => {
+                    self.blocks.insert(kv.key.clone(), cidr);
+                    Some(BlockEvent::Block(cidr, host))
+                }
+                None => {
+                    tracing::warn!(key = %kv.key, "ignoring an unreadable IPAM block from Typha");
+                    self.blocks
+                        .remove(&kv.key)
+                        .map(|cidr| BlockEvent::Block(cidr, None))
+                }
+            },
+            None => self
+                .blocks
+                .remove(&kv.key)
+                .map(|cidr| BlockEvent::Block(cidr, None)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use bytes::Bytes;
+    use margay_typha::proto::UpdateKind;
+
+    #[test]
+    fn converts_resources_and_blocks() {
+        let mut c = Converter::default();
+        let pool = br#"{"apiVersion":"projectcalico.org/v3","kind":"IPPool","metadata":{"name":"p1"},"spec":{"cidr":"10.0.0.0/16"}}"#;
+        let block =
+            margay_ipam::AllocationBlock::new(Cidr::parse("10.0.0.0/26").unwrap(), Some("n1"));
+        let bkey = "/calico/ipam/v2/assignment/ipv4/block/10.0.0.0-26".to_string();
+        let out = c.convert(ClientEvent::Kvs(vec![
+            Kv {
+                key: "/calico/resources/v3/projectcalico.org/ippools/p1".into(),
+                value: Some(Bytes::from_static(pool)),
+                revision: 7,
+                kind: UpdateKind::New,
+            },
+            Kv {
+                key: bkey.clone(),
+                value: Some(Bytes::from(serde_json::to_vec(&block).unwrap())),
+                revision: 8,
+                kind: UpdateKind::New,
+            },
+        ]));
+        assert_eq!(out.len(), 2);
+        let FeedItem::Syncer(SyncerEvent::Updates(u)) = &out[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(u[0].key.name, "p1");
+        assert_eq!(u[0].revision, 7);
+        assert_eq!(
+            u[0].value.as_ref().unwrap().metadata().resource_version,
+            "7"
+        );
+        let cidr = Cidr::parse("10.0.0.0/26").unwrap();
+        assert_eq!(
+            out[1],
+            FeedItem::Block(BlockEvent::Block(cidr, Some("n1".into())))
+        );
+        let out = c.convert(ClientEvent::Kvs(vec![Kv {
+            key: bkey,
+            value: None,
+            revision: 9,
+            kind: UpdateKind::Deleted,
+        }]));
+        assert_eq!(out, vec![FeedItem::Block(BlockEvent::Block(cidr, None))]);
+        let out = c.convert(ClientEvent::Status(SyncStatus::InSync));
+        assert_eq!(
+            out,
+            vec![
+                FeedItem::Block(BlockEvent::InSync),
+                FeedItem::Syncer(SyncerEvent::Status(SyncStatus::InSync))
+            ]
+        );
+    }
+}
