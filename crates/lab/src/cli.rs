@@ -235,11 +235,13 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             udp,
             timeout_ms,
             loop_secs: None,
-        } => Ok(if net::connect(to, port, udp, Duration::from_millis(timeout_ms)) {
-            0
-        } else {
-            1
-        }),
+        } => Ok(
+            if net::connect(to, port, udp, Duration::from_millis(timeout_ms)) {
+                0
+            } else {
+                1
+            },
+        ),
         LabCommand::Bench {
             which,
             secs,
@@ -1145,14 +1147,23 @@ fn measure(client_ns: &str, server_ns: &str, to: &str, secs: u64) -> Result<(f64
         .spawn()
         .map_err(|e| other(format!("iperf3 (install it: apt-get install iperf3): {e}")))?;
     std::thread::sleep(Duration::from_millis(300));
-    let result = net::run(
-        net::in_netns(client_ns, "iperf3").args(["-c", to, "-p", "5299", "-t", &secs.to_string(), "-J"]),
-    );
+    let result = net::run(net::in_netns(client_ns, "iperf3").args([
+        "-c",
+        to,
+        "-p",
+        "5299",
+        "-t",
+        &secs.to_string(),
+        "-J",
+    ]));
     let _ = server.kill();
     let _ = server.wait();
     let json: Value =
         serde_json::from_str(&result?).map_err(|e| other(format!("iperf3 output: {e}")))?;
-    let gbps = json["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
+    let gbps = json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e9;
     let mut acceptor = net::in_netns(server_ns, &exe)
         .args(["lab", "serve", "--name", "bench", "--tcp", "5300"])
         .stdin(Stdio::null())
@@ -1182,7 +1193,10 @@ fn measure(client_ns: &str, server_ns: &str, to: &str, secs: u64) -> Result<(f64
 fn bench(which: &Which, secs: u64, policies: usize, out: &mut dyn Write) -> Result<u8, LabError> {
     let st = load(which)?;
     // Client and server on different nodes when there are two.
-    let client = st.pods.first().ok_or_else(|| other("the lab has no pods"))?;
+    let client = st
+        .pods
+        .first()
+        .ok_or_else(|| other("the lab has no pods"))?;
     let server = st
         .pods
         .iter()
@@ -1200,7 +1214,12 @@ fn bench(which: &Which, secs: u64, policies: usize, out: &mut dyn Write) -> Resu
     net::add_netns(&a)?;
     net::add_netns(&b)?;
     let baseline = (|| {
-        net::ip(&a, &["link", "add", "veth0", "type", "veth", "peer", "name", "veth0", "netns", &b])?;
+        net::ip(
+            &a,
+            &[
+                "link", "add", "veth0", "type", "veth", "peer", "name", "veth0", "netns", &b,
+            ],
+        )?;
         net::ip(&a, &["addr", "add", "192.0.2.1/24", "dev", "veth0"])?;
         net::ip(&b, &["addr", "add", "192.0.2.2/24", "dev", "veth0"])?;
         net::ip(&a, &["link", "set", "veth0", "up"])?;
@@ -1210,7 +1229,10 @@ fn bench(which: &Which, secs: u64, policies: usize, out: &mut dyn Write) -> Resu
     net::remove_netns(&[a, b]);
     rows.push(("bare veth pair (no margay)".to_string(), baseline?));
     rows.push((
-        format!("{} -> {} (other node, VXLAN), no policy", client.id, server.id),
+        format!(
+            "{} -> {} (other node, VXLAN), no policy",
+            client.id, server.id
+        ),
         measure(&client.netns, &server.netns, &server_ip, secs)?,
     ));
     // With policy: many policies on the server pod, the one allowing the traffic last.
@@ -1240,7 +1262,11 @@ fn bench(which: &Which, secs: u64, policies: usize, out: &mut dyn Write) -> Resu
         format!("same, with {} policies on {}", policies + 1, server.id),
         with?,
     ));
-    let _ = writeln!(out, "{:<58} {:>10} {:>14}", "PATH", "TCP Gbit/s", "connections/s");
+    let _ = writeln!(
+        out,
+        "{:<58} {:>10} {:>14}",
+        "PATH", "TCP Gbit/s", "connections/s"
+    );
     let base = rows[0].1;
     for (label, (gbps, rate)) in &rows {
         let _ = writeln!(
