@@ -342,6 +342,34 @@ impl WorkloadEndpointSpec {
     }
 }
 
+/// The name of an endpoint's status file (Felix writes it once the endpoint's policy is in;
+/// the CNI plugin can wait for it): orchestrator, workload id and endpoint id, each
+/// percent-encoded as Go's `url.PathEscape` does, joined by spaces (Calico's names).
+pub fn endpoint_status_file_name(orchestrator: &str, workload: &str, endpoint: &str) -> String {
+    fn path_escape(s: &str) -> String {
+        let mut out = String::with_capacity(s.len());
+        for b in s.bytes() {
+            let keep = b.is_ascii_alphanumeric()
+                || matches!(
+                    b,
+                    b'-' | b'_' | b'.' | b'~' | b':' | b'@' | b'&' | b'=' | b'+' | b'$'
+                );
+            if keep {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
+    }
+    format!(
+        "{} {} {}",
+        path_escape(orchestrator),
+        path_escape(workload),
+        path_escape(endpoint)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,32 +400,4 @@ mod tests {
         };
         assert_eq!(missing.expected_name().unwrap_err().0, "pod");
     }
-}
-
-/// The name of an endpoint's status file (Felix writes it once the endpoint's policy is in;
-/// the CNI plugin can wait for it): orchestrator, workload id and endpoint id, each
-/// percent-encoded as Go's `url.PathEscape` does, joined by spaces (Calico's names).
-pub fn endpoint_status_file_name(orchestrator: &str, workload: &str, endpoint: &str) -> String {
-    fn path_escape(s: &str) -> String {
-        let mut out = String::with_capacity(s.len());
-        for b in s.bytes() {
-            let keep = b.is_ascii_alphanumeric()
-                || matches!(
-                    b,
-                    b'-' | b'_' | b'.' | b'~' | b':' | b'@' | b'&' | b'=' | b'+' | b'$'
-                );
-            if keep {
-                out.push(b as char);
-            } else {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        }
-        out
-    }
-    format!(
-        "{} {} {}",
-        path_escape(orchestrator),
-        path_escape(workload),
-        path_escape(endpoint)
-    )
 }
