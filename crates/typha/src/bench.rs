@@ -533,8 +533,37 @@ async fn fanout(
     Ok(res)
 }
 
+/// Raises this process's open-file limit (inherited by the Typha it starts) to `want` file
+/// descriptors: both sides hold one socket per client. Fails with what to do when the hard
+/// limit is lower and cannot be raised (not root).
+fn raise_fd_limit(want: u64) -> Result<u64, String> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) =
+        getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| format!("getrlimit(NOFILE): {e}"))?;
+    if soft >= want {
+        return Ok(soft);
+    }
+    let new_hard = hard.max(want);
+    setrlimit(Resource::RLIMIT_NOFILE, want, new_hard).map_err(|e| {
+        format!(
+            "{want} open files are needed (one socket per client on each side), but the limit is {soft} (hard {hard}) and raising it failed ({e}): run `ulimit -n {want}` as root first, or use fewer --clients"
+        )
+    })?;
+    Ok(want)
+}
+
 /// Runs the benchmark; returns the exit code.
 pub fn run(args: BenchArgs, out: &mut dyn std::io::Write) -> u8 {
+    let most_clients = args.clients.unwrap_or(if args.quick { 50 } else { 1000 }) as u64;
+    match raise_fd_limit(most_clients * 2 + 1024) {
+        Ok(n) => {
+            let _ = writeln!(out, "open-file limit: {n}");
+        }
+        Err(e) => {
+            let _ = writeln!(out, "{e}");
+            return 2;
+        }
+    }
     let bin = match args
         .typha_bin
         .clone()

@@ -341,6 +341,9 @@ pub async fn run(opts: ClientOptions, out: mpsc::Sender<ClientEvent>, stats: Arc
         // No connection at all: connect (staged if downstream already has state).
         if active.is_none() && staged.is_none() {
             let mut connected = None;
+            // Kept for the Disconnected event, so health and status say why (a version
+            // mismatch, a refused certificate) instead of only that no Typha answered.
+            let mut last_error = String::new();
             for _ in 0..opts.addrs.len() {
                 let addr = opts.addrs[cursor % opts.addrs.len()].clone();
                 cursor = cursor.wrapping_add(1);
@@ -358,6 +361,7 @@ pub async fn run(opts: ClientOptions, out: mpsc::Sender<ClientEvent>, stats: Arc
                         } else {
                             tracing::warn!("{e}; trying the next Typha");
                         }
+                        last_error = e.to_string();
                     }
                 }
             }
@@ -365,7 +369,7 @@ pub async fn run(opts: ClientOptions, out: mpsc::Sender<ClientEvent>, stats: Arc
                 if !reported_disconnected {
                     reported_disconnected = true;
                     emit!(ClientEvent::Connection(ConnectionState::Disconnected {
-                        reason: "no Typha could be reached".into()
+                        reason: format!("no Typha could be reached (last error: {last_error})")
                     }));
                 }
                 tracing::warn!(retry_in = ?backoff, addrs = ?opts.addrs, "no Typha could be reached; retrying");

@@ -8,8 +8,10 @@
 //! numbers, and length-prefixed byte strings.
 //!
 //! Decoding never trusts a length: every count and size is checked against the bytes that are
-//! actually there and against the frame limit before anything is allocated, so a malformed or
-//! hostile frame costs at most `max_frame` bytes and yields an error, never a panic.
+//! actually there and against the frame limit before anything is allocated, and the memory of
+//! the decoded message itself (vectors, strings) is charged against the limit as it is built.
+//! So a malformed or hostile frame costs at most `max` bytes for its body, `max` for its
+//! decompressed payload and `max` for what it decodes to, and yields an error, never a panic.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use margay_datastore::SyncStatus;
@@ -43,6 +45,10 @@ pub mod codes {
     pub const BAD_HELLO: &str = "bad-hello";
     pub const FULL: &str = "full";
     pub const SHUTTING_DOWN: &str = "shutting-down";
+    /// TLS: the client's certificate chain is valid but its CN / URI SAN is not accepted.
+    pub const CERTIFICATE_REFUSED: &str = "certificate-refused";
+    /// The client fell more than MaxFallBehind behind.
+    pub const FELL_BEHIND: &str = "fell-behind";
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,6 +195,11 @@ pub enum ProtoError {
     Trailing(usize),
     #[error("snappy payload does not decompress: {0}")]
     Decompress(String),
+    /// The decoded message would need more memory than the frame limit (many tiny entries).
+    #[error(
+        "decoding the {0} would allocate more than the frame limit allows ({1} bytes were left)"
+    )]
+    DecodedTooLarge(&'static str, usize),
 }
 
 /// A frame header.
@@ -233,7 +244,10 @@ pub fn decode_body(body: Bytes, max: usize) -> Result<Message, ProtoError> {
             .map_err(|e| ProtoError::Decompress(e.to_string()))?;
         payload = Bytes::from(out);
     }
-    let mut r = Reader { buf: payload };
+    let mut r = Reader {
+        buf: payload,
+        budget: max,
+    };
     let msg = match ty {
         MsgType::ClientHello => Message::ClientHello(ClientHello {
             min_version: r.u32("min_version")?,
@@ -265,6 +279,12 @@ pub fn decode_body(body: Bytes, max: usize) -> Result<Message, ProtoError> {
                     remaining: r.buf.len(),
                 });
             }
+            // A 4-byte KV is a much larger `Kv` in memory: the vector is charged too, so a
+            // frame of tiny KVs cannot make the receiver allocate many times the limit.
+            r.charge(
+                "KV batch",
+                n.saturating_mul(std::mem::size_of::<Kv>() as u64),
+            )?;
             let mut kvs = Vec::with_capacity(n as usize);
             for _ in 0..n {
                 let key = r.string("KV key")?;
@@ -351,9 +371,22 @@ pub fn decode_stream(mut data: &[u8], max: usize) -> (Vec<Message>, Option<Proto
 
 struct Reader {
     buf: Bytes,
+    /// Bytes the decoded message may still allocate (starts at the frame limit).
+    budget: usize,
 }
 
 impl Reader {
+    /// Charges `n` bytes of the decoded message's memory against the limit.
+    fn charge(&mut self, what: &'static str, n: u64) -> Result<(), ProtoError> {
+        match usize::try_from(n).ok().filter(|n| *n <= self.budget) {
+            Some(n) => {
+                self.budget -= n;
+                Ok(())
+            }
+            None => Err(ProtoError::DecodedTooLarge(what, self.budget)),
+        }
+    }
+
     fn u8(&mut self, what: &'static str) -> Result<u8, ProtoError> {
         let Some(&b) = self.buf.first() else {
             return Err(ProtoError::Truncated(what));
@@ -398,8 +431,11 @@ impl Reader {
         Ok(out)
     }
 
+    /// A copied string (keys, names): its bytes are charged against the limit; values stay
+    /// zero-copy slices of the frame (`bytes`) and cost nothing more.
     fn string(&mut self, what: &'static str) -> Result<String, ProtoError> {
         let b = self.bytes(what)?;
+        self.charge(what, b.len() as u64)?;
         String::from_utf8(b.to_vec()).map_err(|_| ProtoError::BadUtf8(what))
     }
 
@@ -412,7 +448,13 @@ impl Reader {
                 remaining: self.buf.len(),
             });
         }
-        (0..n).map(|_| self.string(what)).collect()
+        // Each (possibly empty) string is one wire byte but a 24-byte `String`.
+        self.charge(what, n.saturating_mul(std::mem::size_of::<String>() as u64))?;
+        let mut out = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            out.push(self.string(what)?);
+        }
+        Ok(out)
     }
 }
 

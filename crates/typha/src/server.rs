@@ -337,6 +337,27 @@ impl Server {
                 if let Err(why) = verdict {
                     self.stats.tls_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%peer, "client certificate refused: {why} (ClientCN / ClientURISAN)");
+                    // The chain is the CA's, so the peer is probably a misconfigured Felix:
+                    // answer its hello with a refusal it can log (without naming the identity
+                    // required), as every other refusal is answered.
+                    let mut stream = stream;
+                    let _ = wire::read_frame_timeout(
+                        &mut stream,
+                        self.opts.max_inbound,
+                        self.opts.handshake_timeout,
+                    )
+                    .await;
+                    self.refuse(
+                        &mut stream,
+                        codes::CERTIFICATE_REFUSED,
+                        "this Typha does not accept the client certificate's identity (ClientCN / ClientURISAN)".into(),
+                    )
+                    .await;
+                    let _ = tokio::time::timeout(
+                        Duration::from_secs(1),
+                        tokio::io::AsyncWriteExt::shutdown(&mut stream),
+                    )
+                    .await;
                     return;
                 }
                 self.connection(stream, peer).await
@@ -582,7 +603,7 @@ impl Server {
                     self.opts.max_fall_behind
                 );
                 let m = Message::Error {
-                    code: "fell-behind".into(),
+                    code: codes::FELL_BEHIND.into(),
                     message: why.clone(),
                 };
                 let _ =
