@@ -204,7 +204,20 @@ fn health_reports_an_unreachable_felix() {
         err.contains("cannot reach felix's health endpoint") && err.contains("FELIX_HEALTHENABLED"),
         "{err}"
     );
-    let bird = h.margay(&["node", "health", "-bird-ready"], &[]);
+    let bird = h.margay(
+        &[
+            "node",
+            "health",
+            "-bird-live",
+            "--bird-socket",
+            "/nonexistent/margay-bird.ctl",
+        ],
+        &[],
+    );
     assert_eq!(bird.status.code(), Some(1));
-    assert!(text(&bird.stderr).contains("not supported yet"));
+    let err = text(&bird.stderr);
+    assert!(
+        err.contains("BIRD is not live: cannot connect to BIRD's control socket /nonexistent/margay-bird.ctl"),
+        "{err}"
+    );
 }

@@ -9,7 +9,7 @@ use margay_datastore::{Client, DatastoreConfig};
 
 use crate::autodetect::NetView;
 use crate::config::StartupConfig;
-use crate::health::{HealthChecks, check};
+use crate::health::{HealthChecks, HealthOptions, check};
 use crate::startup::{NetSnapshot, Paths, StartupOptions, kernel_hostname, node_name, run};
 
 #[derive(Debug, Args)]
@@ -49,11 +49,15 @@ pub enum NodeCommand {
   NODENAME=node-1 DATASTORE_TYPE=etcdv3 ETCD_ENDPOINTS=http://10.0.0.1:2379 \\
     margay node allocate-tunnel-addrs")]
     AllocateTunnelAddrs(AllocateArgs),
-    /// Check the node's health for Kubernetes probes (calico-node -felix-live -felix-ready).
+    /// Check the node's health for Kubernetes probes (calico-node -felix-live -felix-ready
+    /// -bird-live -bird-ready).
     ///
-    /// Asks Felix's health endpoint (FELIX_HEALTHHOST:FELIX_HEALTHPORT, default
-    /// localhost:9099). Exits 0 when every requested check passes, 1 with the reason
-    /// otherwise. Calico's single-dash spellings (-felix-live) are accepted too.
+    /// Felix: its health endpoint (FELIX_HEALTHHOST:FELIX_HEALTHPORT, default
+    /// localhost:9099). BIRD: its control socket (`show status`, `show protocols`); a
+    /// session that is down is reported with BIRD's reason, and when this node's BGP address
+    /// (Node spec.bgp.ipv4Address) is on none of its interfaces, that is said too. Exits 0
+    /// when every requested check passes, 1 with the reason otherwise. Calico's single-dash
+    /// spellings (-felix-live, -bird-ready, -threshold-time) are accepted too.
     Health(HealthArgs),
 }
 
@@ -83,21 +87,53 @@ pub struct HealthArgs {
     /// Felix is ready (in sync and programming the dataplane).
     #[arg(long)]
     pub felix_ready: bool,
-    /// BIRD (IPv4) is alive (not supported yet).
+    /// BIRD (IPv4) answers on its control socket.
     #[arg(long)]
     pub bird_live: bool,
-    /// BIRD (IPv4) has its BGP sessions up (not supported yet).
-    #[arg(long)]
+    /// BIRD (IPv4) has its BGP sessions up: all of them during the threshold after
+    /// start-up, at least one afterwards (calico-node's rule; no peers counts as ready).
+    #[arg(long, visible_alias = "bird")]
     pub bird_ready: bool,
-    /// BIRD (IPv6) is alive (not supported yet).
+    /// BIRD (IPv6) answers on its control socket.
     #[arg(long)]
     pub bird6_live: bool,
-    /// BIRD (IPv6) has its BGP sessions up (not supported yet).
-    #[arg(long)]
+    /// BIRD (IPv6) has its BGP sessions up (as --bird-ready).
+    #[arg(long, visible_alias = "bird6")]
     pub bird6_ready: bool,
-    /// Accepted for calico-node compatibility (BIRD checks' age threshold).
-    #[arg(long, value_name = "SECONDS", hide = true)]
-    pub threshold_time: Option<String>,
+    /// How long after start-up every BGP peer must be Established: seconds or a duration
+    /// (`30`, `30s`, `1m`).
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub threshold_time: String,
+    /// BIRD's control socket (default /var/run/calico/bird.ctl, else /var/run/bird/bird.ctl).
+    #[arg(long, value_name = "PATH", env = "MARGAY_BIRD_SOCKET")]
+    pub bird_socket: Option<PathBuf>,
+    /// BIRD6's control socket (default /var/run/calico/bird6.ctl).
+    #[arg(long, value_name = "PATH", env = "MARGAY_BIRD6_SOCKET")]
+    pub bird6_socket: Option<PathBuf>,
+    /// Directory under which the node name file (/var/lib/calico/nodename, whose time
+    /// marks start-up) is found, as for `margay node startup --root`.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+}
+
+/// `30`, `30s`, `500ms`, `2m` (calico-node takes a Go duration).
+fn parse_threshold(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let bad =
+        || format!("--threshold-time {s:?}: give seconds or a duration such as 30s, 500ms, 2m");
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: f64 = num.parse().map_err(|_| bad())?;
+    let secs = match unit {
+        "s" => n,
+        "ms" => n / 1000.0,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(bad()),
+    };
+    Duration::try_from_secs_f64(secs).map_err(|_| bad())
 }
 
 /// Rewrites calico-node's single-dash long flags (`-felix-live`) to `--felix-live`.
@@ -127,7 +163,10 @@ pub fn run_node(args: NodeArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 
                 bird6_live: a.bird6_live,
                 bird6_ready: a.bird6_ready,
             };
-            check(checks, &get).and_then(|ok| writeln!(out, "{ok}").map_err(|e| e.to_string()))
+            health_options(&a, &get).and_then(|opts| {
+                check(checks, &opts, &get)
+                    .and_then(|ok| writeln!(out, "{ok}").map_err(|e| e.to_string()))
+            })
         }
     };
     match result {
@@ -137,6 +176,30 @@ pub fn run_node(args: NodeArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 
             1
         }
     }
+}
+
+fn health_options(
+    a: &HealthArgs,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<HealthOptions, String> {
+    let nodename_file = match get("CALICO_NODENAME_FILE").filter(|f| !f.is_empty()) {
+        Some(f) => PathBuf::from(f),
+        None => a
+            .root
+            .join(crate::config::DEFAULT_NODENAME_FILE.trim_start_matches('/')),
+    };
+    Ok(HealthOptions {
+        bird_socket: a
+            .bird_socket
+            .clone()
+            .unwrap_or_else(|| margay_bird::default_socket(false)),
+        bird6_socket: a
+            .bird6_socket
+            .clone()
+            .unwrap_or_else(|| margay_bird::default_socket(true)),
+        threshold: parse_threshold(&a.threshold_time)?,
+        nodename_file,
+    })
 }
 
 fn startup(
