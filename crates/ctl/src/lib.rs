@@ -19,6 +19,7 @@ mod input;
 mod ipam_cmd;
 mod kinds;
 mod label_cmd;
+mod node_cmd;
 mod report;
 mod selector_cmd;
 mod table;
@@ -154,6 +155,9 @@ pub enum CtlCommand {
     /// IP address management: utilization, consistency check, releasing an address.
     #[command(subcommand)]
     Ipam(ipam_cmd::IpamCommand),
+    /// This node: its BGP sessions (`node status`).
+    #[command(subcommand)]
+    Node(node_cmd::NodeCommand),
 }
 
 /// How the command may talk to the operator beyond its output streams.
@@ -189,6 +193,7 @@ pub(crate) fn run_with<C: Connector>(
     let result = match args.command {
         CtlCommand::Selector(cmd) => selector_cmd::run(cmd, out, err),
         CtlCommand::Validate(a) => validate_cmd::run(&a, stdin, out, err),
+        CtlCommand::Node(c) => node_cmd::run(&c, out, err),
         CtlCommand::Create(a) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
             rt.block_on(write_cmd::run_create(
                 &a, config, stdin, out, err, connector, ui,
