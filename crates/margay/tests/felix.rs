@@ -514,18 +514,56 @@ fn felix_stops_on_sigterm_and_waits_for_a_ready_datastore() {
     );
 }
 
+/// A running `margay typha`, killed when dropped.
+struct Typha {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Drop for Typha {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 #[test]
-fn felix_refuses_typha_until_the_typha_client_exists() {
+fn felix_syncs_through_typha_without_datastore_access() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::Local(dir.path().join("datastore.db"));
-    let mut felix = Felix::start(&store, dir.path(), &[("FELIX_TYPHAADDR", "10.0.0.9:5473")]);
-    let status = felix.wait_exit(Duration::from_secs(10));
-    assert_eq!(status.code(), Some(1));
-    let log = felix.log();
-    assert!(
-        log.contains("TyphaAddr") && log.contains("unset FELIX_TYPHAADDR"),
-        "{log}"
+    seed(&store, dir.path());
+    let port = margay_testkit::free_port().unwrap();
+    let typha_log = dir.path().join("typha.log");
+    let mut c = margay(&store);
+    c.args(["typha", "run", "-c"])
+        .arg(dir.path().join("typha.cfg"))
+        .env("TYPHA_SERVERHOST", "127.0.0.1")
+        .env("TYPHA_SERVERPORT", port.to_string())
+        .env("TYPHA_HEALTHENABLED", "false")
+        .env("TYPHA_PROMETHEUSMETRICSENABLED", "false")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&typha_log).unwrap());
+    let typha = Typha {
+        child: Some(c.spawn().unwrap()),
+        log: typha_log,
+    };
+    // Felix is pointed at a datastore path that does not exist: with TyphaAddr set it must
+    // read everything from Typha and never open the store.
+    let unused = Store::Local(dir.path().join("not-there/datastore.db"));
+    let addr = format!("127.0.0.1:{port}");
+    let mut felix = Felix::start(&unused, dir.path(), &[("FELIX_TYPHAADDR", addr.as_str())]);
+    felix.wait_ready(Duration::from_secs(30));
+    let st = felix.status_json();
+    assert_eq!(
+        st["endpoints"].as_array().unwrap().len(),
+        2,
+        "{st}\ntypha log:\n{}",
+        std::fs::read_to_string(&typha.log).unwrap_or_default()
     );
+    assert!(!dir.path().join("not-there").exists());
 }
 
 #[test]
