@@ -7,10 +7,18 @@
 //!   peers, peer selectors, reverse peerings, route reflectors).
 //! - [`render`] (pure): `render(&BirdInputs)` → `bird.cfg` / `bird6.cfg` for BIRD 2.
 //! - [`filters`] (pure): BGPFilter resources as BIRD functions.
+//! - [`daemon`]: the loop (in sync first, debounced renders, install and reload only on
+//!   change) over three small traits, so it is tested with fakes.
+//! - Edges: [`bird`] (`bird -p -c`, atomic install, the control socket), [`secrets`]
+//!   (password files), [`feed`] (datastore syncer + affinities, or Typha), [`cli`].
 //!
 //! See `DESIGN.md` in this crate for the daemon and the invariants.
 #![forbid(unsafe_code)]
 
+pub mod bird;
+pub mod cli;
+pub mod daemon;
+pub mod feed;
 pub mod filters;
 pub mod model;
 pub mod peers;

@@ -44,6 +44,9 @@ enum Role {
     /// The fan-out cache between the datastore and Felix (like calico-typha): run it, or
     /// benchmark it.
     Typha(margay_typha::cli::TyphaArgs),
+    /// Keeps BIRD's BGP configuration in step with the datastore (like confd with Calico's
+    /// BIRD templates): renders bird.cfg / bird6.cfg, checks them, reconfigures BIRD.
+    Confd(margay_confd::cli::ConfdArgs),
 }
 
 fn main() -> ExitCode {
@@ -97,6 +100,8 @@ fn main() -> ExitCode {
         Role::Typha(t) if margay_typha::cli::runs_daemon(t) => {
             margay_typha::cli::log_level_from_env()
         }
+        // confd's log is its record of every render (one line each).
+        Role::Confd(_) => "info".to_string(),
         Role::Felix(_) | Role::Cni(_) | Role::Lab(_) | Role::Typha(_) => "warn".to_string(),
     });
     let set_level = init_logging(&level);
@@ -123,6 +128,7 @@ fn main() -> ExitCode {
         }
         Role::Lab(lab) => margay_lab::run(lab, &mut io::stdout(), &mut io::stderr()),
         Role::Typha(typha) => margay_typha::cli::run_typha(typha, &mut io::stdout()),
+        Role::Confd(confd) => margay_confd::cli::run_confd(confd, &mut io::stderr()),
     };
     let _ = io::stdout().flush();
     ExitCode::from(code)
