@@ -803,3 +803,112 @@ fn an_interface_of_another_kind_under_the_vxlan_name_is_never_deleted() {
             .contains("veth")
     );
 }
+
+/// Route ownership with BIRD: a no-encap pool's remote block is BIRD's (`proto bird`, as BIRD
+/// installs what it learns over BGP). Felix neither programs it nor deletes BIRD's route —
+/// not on the first apply, not on a forced refresh, not when the block's route goes away —
+/// while its own VXLAN routes are programmed and cleaned as usual.
+#[test]
+fn felix_leaves_bird_routes_of_no_encap_pools_alone() {
+    if !root() {
+        return;
+    }
+    let ns = Netns::new("birdown").unwrap();
+    ns.add_veth("eth0", "eth0-peer", &["192.168.72.1/24"])
+        .unwrap();
+    // What BIRD installs for the other node's block and for a prefix it learned elsewhere
+    // (protocol 12 is "bird" in /etc/iproute2/rt_protos).
+    for (dst, via) in [
+        ("10.72.1.0/26", "192.168.72.2"),
+        ("10.99.0.0/24", "192.168.72.3"),
+    ] {
+        ns.ip(&[
+            "route", "add", dst, "via", via, "proto", "bird", "metric", "32",
+        ])
+        .unwrap();
+    }
+    let node = |name: &str, ip: &str| {
+        res(&format!(
+            "apiVersion: projectcalico.org/v3\nkind: Node\nmetadata:\n  name: {name}\nspec:\n  bgp:\n    ipv4Address: {ip}\n"
+        ))
+    };
+    let noencap = res(
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: flat}\nspec: {cidr: 10.72.0.0/16, vxlanMode: Never, ipipMode: Never, blockSize: 26}",
+    );
+    let mut graph = CalcGraph::new(CalcConfig {
+        hostname: "nodea".into(),
+        route_source: RouteSource::CalicoIpam,
+    });
+    for r in [
+        node("nodea", "192.168.72.1/24"),
+        node("nodeb", "192.168.72.2/24"),
+        noencap.clone(),
+    ] {
+        graph.on_update(&r.key(), Some(r));
+    }
+    graph.on_ipam_block(c("10.72.0.0/26"), Some("nodea".into()));
+    graph.on_ipam_block(c("10.72.1.0/26"), Some("nodeb".into()));
+    graph.on_in_sync();
+    let batch = graph.flush();
+    let mut routing = Routing::new(RoutingConfig::new("nodea"));
+    // Calico's default (ProgramClusterRoutes EnabledIPIPOnly): no-encap routes are BIRD's.
+    assert!(!RoutingConfig::new("nodea").program_noencap_routes);
+    let (report, mut routing) = in_ns(&ns, move || {
+        routing.on_messages(&batch);
+        (routing.apply().unwrap(), routing)
+    });
+    assert!(
+        report.applied && !report.routes.needs_retry(),
+        "{report:#?}"
+    );
+    let bird = |ns: &Netns| ns.ip(&["route", "show", "proto", "bird"]).unwrap();
+    let ours = |ns: &Netns| ns.ip(&["route", "show", "proto", "80"]).unwrap();
+    let want_bird = [
+        "10.72.1.0/26 via 192.168.72.2 dev eth0 metric 32",
+        "10.99.0.0/24 via 192.168.72.3 dev eth0 metric 32",
+    ];
+    for w in want_bird {
+        assert!(has_line(&bird(&ns), w), "{w:?} in\n{}", bird(&ns));
+    }
+    // Felix has only the local block's blackhole: the remote no-encap block is not its.
+    assert!(!ours(&ns).contains("10.72.1.0/26"), "{}", ours(&ns));
+    assert!(
+        has_line(&ours(&ns), "blackhole 10.72.0.0/26"),
+        "{}",
+        ours(&ns)
+    );
+    assert!(
+        !report.skipped.iter().any(|(d, _)| *d == c("10.72.1.0/26")),
+        "a BIRD-owned block is not a skipped route: {:?}",
+        report.skipped
+    );
+
+    // The block goes away and the pool becomes VXLAN and back: every apply (including the
+    // cleanup of Felix's own routes) leaves BIRD's routes in place.
+    graph.on_ipam_block(c("10.72.1.0/26"), None);
+    let vx = res(
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: flat}\nspec: {cidr: 10.72.0.0/16, vxlanMode: Always, blockSize: 26}",
+    );
+    graph.on_update(&vx.key(), Some(vx));
+    let b1 = graph.flush();
+    graph.on_update(&noencap.key(), Some(noencap.clone()));
+    let b2 = graph.flush();
+    let (reports, _) = in_ns(&ns, move || {
+        let mut out = Vec::new();
+        for b in [b1, b2] {
+            routing.on_messages(&b);
+            out.push(routing.apply().unwrap());
+        }
+        (out, routing)
+    });
+    for r in &reports {
+        assert!(r.applied, "{r:#?}");
+    }
+    for w in want_bird {
+        assert!(
+            has_line(&bird(&ns), w),
+            "{w:?} after cleanup in\n{}",
+            bird(&ns)
+        );
+    }
+}

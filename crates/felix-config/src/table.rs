@@ -497,7 +497,7 @@ params! {
         "Routing protocol number that marks the routes Felix owns.";
     RemoveExternalRoutes remove_external_routes: bool = "bool", "true", [], Common, "removeExternalRoutes", true,
         "Delete routes to workload interfaces that Felix did not program.";
-    ProgramClusterRoutes program_cluster_routes: String = "oneof(Enabled,Disabled,EnabledIPIPOnly,EnabledNoEncapOnly)", "EnabledIPIPOnly", [], Common, "programClusterRoutes", false,
+    ProgramClusterRoutes program_cluster_routes: String = "oneof(Enabled,Disabled,EnabledIPIPOnly,EnabledNoEncapOnly)", "EnabledIPIPOnly", [], Common, "programClusterRoutes", true,
         "Which routes to remote workloads Felix programs itself rather than leaving to BGP.";
     IPForwarding ip_forwarding: String = "oneof(Enabled,Disabled)", "Enabled", [], Common, "ipForwarding", false,
         "Turn on IP forwarding sysctls.";

@@ -299,6 +299,11 @@ fn make_driver(
             routing.vxlan_v6.vni = routing.vxlan.vni;
             routing.vxlan_v6.port = routing.vxlan.port;
             routing.vxlan_v6.mtu = u32::try_from(config.vxlan_mtu_v6).unwrap_or(0);
+            // Calico's ProgramNoEncapClusterRoutes: otherwise BIRD installs them.
+            routing.program_noencap_routes = matches!(
+                config.program_cluster_routes.as_str(),
+                "Enabled" | "EnabledNoEncapOnly"
+            );
             let (driver, recording, stats) = LinuxDriver::new(LinuxDriverConfig {
                 nft: NftDriverConfig {
                     nft,

@@ -5,8 +5,12 @@
 //! - a local workload's addresses are routed `scope link` through its host-side interface;
 //! - a remote workload block or address (`REMOTE_WORKLOAD`) in a VXLAN pool goes `via` the
 //!   remote node's VXLAN tunnel address, `onlink`, through `vxlan.calico` — except in a
-//!   CrossSubnet pool when the remote node shares this node's subnet, and in a no-encap pool:
-//!   then `via` the remote node's own address, `onlink`, through this node's parent interface;
+//!   CrossSubnet pool when the remote node shares this node's subnet: then `via` the remote
+//!   node's own address, `onlink`, through this node's parent interface;
+//! - a remote block in a no-encap pool is BIRD's (it learns it over BGP and installs it with
+//!   `proto bird`), unless Felix is told to program no-encap cluster routes
+//!   (ProgramClusterRoutes Enabled or EnabledNoEncapOnly; Calico's default EnabledIPIPOnly
+//!   leaves them to BIRD): then it goes `via` the remote node's address like the above;
 //! - a remote node's tunnel address (`REMOTE_TUNNEL`) in a VXLAN pool is directly connected
 //!   through `vxlan.calico` (it *is* the next hop);
 //! - a block affine to this node (`LOCAL_WORKLOAD`, not a single workload address) is a
@@ -177,10 +181,13 @@ pub struct RouteContext<'a> {
     pub parent_device_v6: Option<&'a str>,
     /// Metric of local workload routes.
     pub workload_priority: u32,
+    /// Program remote blocks of no-encap pools (else BIRD does).
+    pub program_noencap: bool,
 }
 
 impl<'a> RouteContext<'a> {
-    /// Calico's defaults: `vxlan.calico` / `vxlan-v6.calico`, workload metric 1024.
+    /// Calico's defaults: `vxlan.calico` / `vxlan-v6.calico`, workload metric 1024, no-encap
+    /// cluster routes left to BIRD.
     pub fn new(me: &'a str, pools: &'a [PoolData]) -> RouteContext<'a> {
         RouteContext {
             me,
@@ -190,6 +197,7 @@ impl<'a> RouteContext<'a> {
             parent_device: None,
             parent_device_v6: None,
             workload_priority: DEFAULT_WORKLOAD_ROUTE_PRIORITY,
+            program_noencap: false,
         }
     }
 }
@@ -323,7 +331,7 @@ pub fn desired_routes(
                 None
             }
             PoolType::NoEncap => {
-                if remote_workload {
+                if remote_workload && ctx.program_noencap {
                     direct(&mut skipped)
                 } else {
                     None
@@ -1118,7 +1126,25 @@ mod tests {
         let endpoints = vec![("cali12345".to_string(), vec![c("10.65.0.5/32")])];
         let mut ctx = RouteContext::new("a", &pools);
         ctx.parent_device = Some("eth0");
+        // By default a no-encap pool's remote blocks are BIRD's: nothing of margay's.
+        let bird = desired_routes(&routes, &endpoints, &vteps, &ctx);
+        assert!(
+            !bird
+                .routes
+                .iter()
+                .any(|r| r.dst == c("10.67.1.0/26") || r.dst == c("10.67.9.0/26")),
+            "{:#?}",
+            bird.routes
+        );
+        assert!(!bird.skipped.iter().any(|(d, _)| *d == c("10.67.9.0/26")));
+        // The local no-encap block is still blackholed (addresses no workload holds).
+        ctx.program_noencap = true;
         let got = desired_routes(&routes, &endpoints, &vteps, &ctx);
+        assert_eq!(
+            bird.routes.len() + 1,
+            got.routes.len(),
+            "only the no-encap remote block differs"
+        );
         let mut want = vec![
             dev("10.65.0.5/32", "cali12345", 1024),
             gw("10.65.1.0/26", "vxlan.calico", "10.65.1.1"),
@@ -1155,7 +1181,8 @@ mod tests {
         );
 
         // Without a parent device, the direct routes wait.
-        let ctx = RouteContext::new("a", &pools);
+        let mut ctx = RouteContext::new("a", &pools);
+        ctx.program_noencap = true;
         let got = desired_routes(&routes, &endpoints, &vteps, &ctx);
         assert!(
             got.skipped

@@ -39,10 +39,13 @@ pub struct RoutingConfig {
     pub ipv6: bool,
     /// Metric of local workload routes (IPv4NormalRoutePriority).
     pub workload_route_priority: u32,
+    /// Program the remote blocks of no-encap pools (ProgramClusterRoutes Enabled or
+    /// EnabledNoEncapOnly). Calico's default leaves them to BIRD.
+    pub program_noencap_routes: bool,
 }
 
 impl RoutingConfig {
-    /// Calico's defaults, IPv4 only.
+    /// Calico's defaults, IPv4 only (no-encap cluster routes left to BIRD).
     pub fn new(hostname: impl Into<String>) -> RoutingConfig {
         RoutingConfig {
             hostname: hostname.into(),
@@ -50,6 +53,7 @@ impl RoutingConfig {
             vxlan_v6: VxlanConfig::v6(),
             ipv6: false,
             workload_route_priority: DEFAULT_WORKLOAD_ROUTE_PRIORITY,
+            program_noencap_routes: false,
         }
     }
 }
@@ -185,6 +189,7 @@ impl Routing {
             parent_device: parent.as_deref(),
             parent_device_v6: parent_v6.as_deref(),
             workload_priority: self.cfg.workload_route_priority,
+            program_noencap: self.cfg.program_noencap_routes,
         };
         let desired = self.state.desired_routes(&ctx);
         report.skipped = desired.skipped;
