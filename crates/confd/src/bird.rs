@@ -3,9 +3,8 @@
 //! socket.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -87,6 +86,8 @@ impl ConfigSink for FileInstaller {
 }
 
 /// Reconfigures BIRD through its control socket (what `birdc -s <socket> configure` does).
+/// A BIRD that finds an error in the file keeps running its old configuration and says so
+/// (8xxx), which is reported as a failed reload.
 pub struct SocketReloader {
     pub v4: PathBuf,
     pub v6: PathBuf,
@@ -99,64 +100,11 @@ impl Reloader for SocketReloader {
             Family::V4 => &self.v4,
             Family::V6 => &self.v6,
         };
-        configure(path, self.timeout)
+        // margay-bird's client: greeting, `configure`, BIRD's 8xxx/9xxx answers as errors.
+        margay_bird::Client::connect(path, self.timeout)
+            .and_then(|mut c| c.configure())
             .map(|_| ())
-            .map_err(|e| format!("{}: {e}", path.display()))
-    }
-}
-
-/// Speaks BIRD's control protocol: a greeting (`0001 …`), then `configure`, then reply lines
-/// `NNNN-text` (more follow) or `NNNN text` (last) — codes 0xxx are success (0003
-/// "Reconfigured", 0004 "Reconfiguration in progress", 0018/0019/0020 …), 8xxx/9xxx are
-/// errors. A continuation line starting with a space belongs to the previous code.
-pub fn configure(socket: &Path, timeout: Duration) -> Result<String, String> {
-    let stream = UnixStream::connect(socket).map_err(|e| format!("cannot connect: {e}"))?;
-    stream
-        .set_read_timeout(Some(timeout))
-        .and_then(|()| stream.set_write_timeout(Some(timeout)))
-        .map_err(|e| e.to_string())?;
-    let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
-    let greeting = read_reply(&mut reader)?;
-    if !greeting.0.starts_with('0') {
-        return Err(format!("unexpected greeting: {}", greeting.1));
-    }
-    (&stream)
-        .write_all(b"configure\n")
-        .map_err(|e| format!("cannot send configure: {e}"))?;
-    let (code, text) = read_reply(&mut reader)?;
-    if code.starts_with('0') {
-        Ok(text)
-    } else {
-        Err(format!("BIRD answered {code}: {text}"))
-    }
-}
-
-/// Reads one complete reply; returns the final line's code and all its text.
-fn read_reply(r: &mut impl BufRead) -> Result<(String, String), String> {
-    let mut text = Vec::new();
-    loop {
-        let mut line = String::new();
-        let n = r
-            .read_line(&mut line)
-            .map_err(|e| format!("reading BIRD's reply: {e}"))?;
-        if n == 0 {
-            return Err("BIRD closed the connection".into());
-        }
-        let line = line.trim_end_matches(['\n', '\r']);
-        if let Some(rest) = line.strip_prefix(' ') {
-            text.push(rest.to_string());
-            continue;
-        }
-        let (c, sep, rest) = match (line.get(..4), line.get(4..5), line.get(5..)) {
-            (Some(c), Some(s), rest) if c.bytes().all(|b| b.is_ascii_digit()) => {
-                (c, s, rest.unwrap_or(""))
-            }
-            _ => return Err(format!("unexpected line from BIRD: {line:?}")),
-        };
-        text.push(rest.to_string());
-        if sep == " " {
-            return Ok((c.to_string(), text.join("\n")));
-        }
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -174,22 +122,8 @@ impl SecretSource for FileSecrets {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader};
     use std::os::unix::net::UnixListener;
-
-    #[test]
-    fn reply_parsing() {
-        let mut r = BufReader::new(&b"0001 BIRD 2.0.12 ready.\n"[..]);
-        assert_eq!(
-            read_reply(&mut r),
-            Ok(("0001".into(), "BIRD 2.0.12 ready.".into()))
-        );
-        let mut r = BufReader::new(&b"0002-Reading configuration from /x\n0003 Reconfigured\n"[..]);
-        assert_eq!(read_reply(&mut r).map(|x| x.0), Ok("0003".into()));
-        let mut r = BufReader::new(&b"8002 /x:3:1 syntax error\n"[..]);
-        assert_eq!(read_reply(&mut r).map(|x| x.0), Ok("8002".into()));
-        let mut r = BufReader::new(&b"garbage\n"[..]);
-        assert!(read_reply(&mut r).is_err());
-    }
 
     /// A fake BIRD on a socket: greets, expects `configure`, answers.
     #[test]
@@ -208,10 +142,15 @@ mod tests {
             s.write_all(b"0002-Reading configuration from /etc/bird.cfg\n0003 Reconfigured\n")
                 .expect("answer");
         });
-        let out = configure(&sock, Duration::from_secs(5)).expect("configured");
-        assert!(out.contains("Reconfigured"));
+        let mut r = SocketReloader {
+            v4: sock,
+            v6: dir.path().join("absent.ctl"),
+            timeout: Duration::from_secs(5),
+        };
+        r.reload(Family::V4).expect("configured");
         server.join().expect("server");
-        assert!(configure(&dir.path().join("absent.ctl"), Duration::from_secs(1)).is_err());
+        let err = r.reload(Family::V6).expect_err("no BIRD there");
+        assert!(err.contains("absent.ctl"), "{err}");
     }
 
     #[test]

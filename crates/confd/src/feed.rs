@@ -237,6 +237,60 @@ mod tests {
     }
 
     #[test]
+    fn typha_kvs_become_inputs() {
+        use margay_typha::proto::{Kv, UpdateKind};
+        let peer = br#"{"apiVersion":"projectcalico.org/v3","kind":"BGPPeer","metadata":{"name":"tor"},"spec":{"peerIP":"10.0.0.254","asNumber":65000}}"#;
+        let kv = |key: &str, value: Option<Vec<u8>>, revision| Kv {
+            key: key.into(),
+            value: value.map(bytes::Bytes::from),
+            revision,
+            kind: UpdateKind::New,
+        };
+        let out = convert_typha(
+            ClientEvent::Kvs(vec![
+                kv(
+                    "/calico/resources/v3/projectcalico.org/bgppeers/tor",
+                    Some(peer.to_vec()),
+                    5,
+                ),
+                kv(
+                    "/calico/ipam/v2/host/n1/ipv4/block/10.65.0.0-26",
+                    Some(aff(AffinityState::Confirmed)),
+                    6,
+                ),
+                // Another node's claim: not ours to announce.
+                kv(
+                    "/calico/ipam/v2/host/n2/ipv4/block/10.65.1.0-26",
+                    Some(aff(AffinityState::Confirmed)),
+                    7,
+                ),
+                kv("/calico/ipam/v2/host/n1/ipv4/block/10.65.2.0-26", None, 8),
+            ]),
+            "n1",
+        );
+        assert_eq!(out.len(), 3, "{out:?}");
+        let Input::Updates(u) = &out[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(u[0].key.name, "tor");
+        assert_eq!(
+            out[1],
+            Input::Affinity(
+                Cidr::parse("10.65.0.0/26").expect("cidr"),
+                Some(AffinityState::Confirmed)
+            )
+        );
+        assert_eq!(
+            out[2],
+            Input::Affinity(Cidr::parse("10.65.2.0/26").expect("cidr"), None)
+        );
+        assert_eq!(
+            convert_typha(ClientEvent::Status(SyncStatus::InSync), "n1"),
+            vec![Input::InSync]
+        );
+    }
+
+    #[test]
     fn affinity_keys() {
         let (h, c) = parse_affinity_key("/calico/ipam/v2/host/node-1/ipv4/block/10.65.0.64-26")
             .expect("key");
