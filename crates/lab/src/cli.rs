@@ -62,9 +62,17 @@ pub enum LabCommand {
         /// local (embedded store, the default) or etcd (a real etcd in the fabric namespace).
         #[arg(long, default_value = "local")]
         datastore: String,
-        /// Cross-node networking: vxlan.
+        /// Cross-node networking: vxlan (Felix's VXLAN routes) or bird (no encapsulation:
+        /// every node runs `margay confd` and BIRD, peering in a node-to-node mesh).
         #[arg(long, default_value = "vxlan")]
         backend: String,
+        /// With --backend bird: add a top-of-rack router (namespace mgy-<lab>-tor at
+        /// 172.30.0.2 running BIRD with its own AS) that every node peers with.
+        #[arg(long)]
+        tor: bool,
+        /// The ToR's AS number.
+        #[arg(long, default_value_t = 65000)]
+        tor_as: u32,
     },
     /// Nodes, pods, addresses and health.
     Status {
@@ -179,12 +187,17 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             nodes,
             datastore,
             backend,
+            tor,
+            tor_as,
         } => up(
             &which,
             file.as_deref(),
             nodes,
             &datastore,
-            &backend,
+            &Networking {
+                backend: &backend,
+                tor: tor.then_some(tor_as),
+            },
             out,
             err,
         ),
@@ -345,25 +358,35 @@ impl Progress {
     }
 }
 
+/// How nodes reach each other: the backend and, for BGP, an optional ToR's AS number.
+struct Networking<'a> {
+    backend: &'a str,
+    tor: Option<u32>,
+}
+
 fn up(
     which: &Which,
     file: Option<&Path>,
     nodes: usize,
     datastore: &str,
-    backend: &str,
+    networking: &Networking<'_>,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> Result<u8, LabError> {
+    let (backend, tor) = (networking.backend, networking.tor);
     check_name(&which.name).map_err(other)?;
     if !matches!(datastore, "local" | "etcd") {
         return Err(other(format!(
             "--datastore {datastore:?}: use local (embedded store) or etcd"
         )));
     }
-    if backend != "vxlan" {
+    if !matches!(backend, "vxlan" | "bird") {
         return Err(other(format!(
-            "--backend {backend:?}: only vxlan is supported (BIRD arrives with the BGP work)"
+            "--backend {backend:?}: use vxlan (Felix's VXLAN routes) or bird (BGP, no encapsulation)"
         )));
+    }
+    if tor.is_some() && backend != "bird" {
+        return Err(other("--tor needs --backend bird (the ToR speaks BGP)"));
     }
     let topology = match file {
         Some(f) => Topology::parse(
@@ -384,25 +407,33 @@ fn up(
         down(which, &mut std::io::sink())?;
     }
     let started = Instant::now();
-    let st = LabState::new(&which.name, &dir, datastore, backend, topology);
+    let mut st = LabState::new(&which.name, &dir, datastore, backend, topology);
+    if let Some(asn) = tor {
+        st = st.with_tor(asn);
+    }
     let _ = std::fs::remove_dir_all(&dir);
     st.save()
         .map_err(|e| other(format!("{}: {e}", dir.display())))?;
-    let progress = Progress::new(6 + st.pods.len() as u64);
+    let progress = Progress::new(6 + st.pods.len() as u64 + 2 * u64::from(backend == "bird"));
     let result = build(st, &progress, err);
     progress.finish();
     match result {
         Ok(st) => {
+            let (st, timings) = st;
             let _ = writeln!(
                 out,
-                "lab {:?} is up in {:.1} s: {} nodes, {} pods ({} datastore, {} backend)",
+                "lab {:?} is up in {:.1} s: {} nodes, {} pods ({} datastore, {} backend{})",
                 st.name,
                 started.elapsed().as_secs_f64(),
                 st.nodes.len(),
                 st.pods.len(),
                 st.datastore,
-                st.backend
+                st.backend,
+                if st.tor.is_some() { ", ToR" } else { "" }
             );
+            for t in timings {
+                let _ = writeln!(out, "{t}");
+            }
             print_status(&st, out);
             Ok(0)
         }
@@ -418,8 +449,14 @@ fn up(
     }
 }
 
-fn build(mut st: LabState, progress: &Progress, err: &mut dyn Write) -> Result<LabState, LabError> {
+fn build(
+    mut st: LabState,
+    progress: &Progress,
+    err: &mut dyn Write,
+) -> Result<(LabState, Vec<String>), LabError> {
     let exe = exe()?;
+    let bird = st.backend == "bird";
+    let mut timings = Vec::new();
     // Fabric and nodes.
     let fabric = st.fabric_netns();
     net::add_netns(&fabric)?;
@@ -472,6 +509,22 @@ fn build(mut st: LabState, progress: &Progress, err: &mut dyn Write) -> Result<L
         net::sysctl(&node.netns, "net.ipv4.ip_forward", "1")?;
         std::fs::create_dir_all(st.node_dir(&node.name))
             .map_err(|e| other(format!("{}: {e}", st.node_dir(&node.name).display())))?;
+    }
+    if let Some(tor) = st.tor.clone() {
+        net::add_netns(&tor.netns)?;
+        net::ip(
+            &fabric,
+            &[
+                "link", "add", "tor", "type", "veth", "peer", "name", "eth0", "netns", &tor.netns,
+            ],
+        )?;
+        net::ip(&fabric, &["link", "set", "tor", "master", "br0", "up"])?;
+        net::ip(
+            &tor.netns,
+            &["addr", "add", &format!("{}/24", tor.ip), "dev", "eth0"],
+        )?;
+        net::ip(&tor.netns, &["link", "set", "eth0", "up"])?;
+        net::sysctl(&tor.netns, "net.ipv4.ip_forward", "1")?;
     }
     progress.step(err, "namespaces and fabric");
 
@@ -542,9 +595,16 @@ fn build(mut st: LabState, progress: &Progress, err: &mut dyn Write) -> Result<L
             .env("IP_AUTODETECTION_METHOD", "interface=eth0")
             .env("IP6", "none")
             .env("CALICO_IPV4POOL_CIDR", POD_CIDR)
-            .env("CALICO_IPV4POOL_VXLAN", "Always")
+            .env(
+                "CALICO_IPV4POOL_VXLAN",
+                if bird { "Never" } else { "Always" },
+            )
+            .env("CALICO_IPV4POOL_IPIP", "Never")
             .env("CALICO_IPV4POOL_NAT_OUTGOING", "true")
-            .env("CALICO_NETWORKING_BACKEND", "vxlan")
+            .env(
+                "CALICO_NETWORKING_BACKEND",
+                if bird { "bird" } else { "vxlan" },
+            )
             .env("CALICO_STARTUP_LOGLEVEL", "warning");
         net::run(&mut c).map_err(|e| other(format!("node start-up of {}: {e}", node.name)))?;
     }
@@ -607,8 +667,21 @@ fn build(mut st: LabState, progress: &Progress, err: &mut dyn Write) -> Result<L
             &argv,
         )?;
     }
+    if bird {
+        start_bgp(&st, &exe)?;
+        progress.step(err, "confd and BIRD on every node");
+    }
     wait_felix(&st, Duration::from_secs(60))?;
     progress.step(err, "felix in sync on every node");
+    if bird {
+        let took = crate::bgp::wait_established(&st, Duration::from_secs(60))?;
+        timings.push(format!(
+            "BGP: every node's {} sessions established {:.2} s after BIRD started",
+            crate::bgp::expected_sessions(&st),
+            took.as_secs_f64()
+        ));
+        progress.step(err, "BGP sessions established");
+    }
 
     // Pods, wired by the CNI plugin exactly as a runtime would.
     for i in 0..st.pods.len() {
@@ -668,9 +741,122 @@ fn build(mut st: LabState, progress: &Progress, err: &mut dyn Write) -> Result<L
         progress.step(err, &format!("pod {}", pod.id));
     }
     wait_felix(&st, Duration::from_secs(60))?;
+    if bird {
+        let took = crate::bgp::wait_routes(&st, Duration::from_secs(60))?;
+        timings.push(format!(
+            "BGP: every node has BIRD routes to the other nodes' pod blocks ({:.2} s after the last pod)",
+            took.as_secs_f64()
+        ));
+    }
     progress.step(err, "ready");
     st.save().map_err(|e| other(e.to_string()))?;
-    Ok(st)
+    Ok((st, timings))
+}
+
+/// BGP backend: the ToR's BIRD, then per node `margay confd` (supervised) and, once confd
+/// has written its first bird.cfg, BIRD (supervised, in the node's namespace, foreground).
+fn start_bgp(st: &LabState, exe: &Path) -> Result<(), LabError> {
+    if let Some(tor) = &st.tor {
+        apply_yaml(st, &crate::bgp::tor_peer_yaml(tor))?;
+        let dir = st.tor_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
+        let cfg = dir.join("bird.cfg");
+        std::fs::write(&cfg, crate::bgp::tor_config(tor, &st.nodes))
+            .map_err(|e| other(format!("{}: {e}", cfg.display())))?;
+        net::spawn_supervised(
+            exe,
+            &dir.join("bird.pid"),
+            &dir.join("bird.log"),
+            true,
+            &[],
+            &bird_argv(&tor.netns, &dir),
+        )?;
+    }
+    for node in &st.nodes {
+        let dir = st.node_dir(&node.name);
+        let confd_dir = dir.join("confd");
+        std::fs::create_dir_all(&confd_dir)
+            .map_err(|e| other(format!("{}: {e}", confd_dir.display())))?;
+        let mut env = st.datastore_env();
+        env.extend([
+            ("NODENAME".to_string(), node.name.clone()),
+            ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+        ]);
+        let argv: Vec<String> = vec![
+            "ip".into(),
+            "netns".into(),
+            "exec".into(),
+            node.netns.clone(),
+            exe.display().to_string(),
+            "confd".into(),
+            "--nodename".into(),
+            node.name.clone(),
+            "--config-dir".into(),
+            confd_dir.display().to_string(),
+            "--bird-socket".into(),
+            st.bird_socket(&node.name).display().to_string(),
+            "--bird6-socket".into(),
+            dir.join("bird6.ctl").display().to_string(),
+        ];
+        net::spawn_supervised(
+            exe,
+            &dir.join("confd.pid"),
+            &dir.join("confd.log"),
+            true,
+            &env,
+            &argv,
+        )?;
+    }
+    // BIRD reads the file confd rendered; confd tells it to reconfigure on every change.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for node in &st.nodes {
+        let dir = st.node_dir(&node.name);
+        let cfg = dir.join("confd").join("bird.cfg");
+        while !cfg.exists() {
+            if Instant::now() > deadline {
+                return Err(other(format!(
+                    "margay confd on {} wrote no {} within 30 s (see {})",
+                    node.name,
+                    cfg.display(),
+                    dir.join("confd.log").display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        net::spawn_supervised(
+            exe,
+            &dir.join("bird.pid"),
+            &dir.join("bird.log"),
+            true,
+            &[],
+            &bird_argv(&node.netns, &dir),
+        )?;
+    }
+    Ok(())
+}
+
+/// `bird -f` inside `netns`, config `<dir>/confd/bird.cfg` (a node) or `<dir>/bird.cfg`
+/// (the ToR), socket `<dir>/bird.ctl`.
+fn bird_argv(netns: &str, dir: &Path) -> Vec<String> {
+    let cfg = if dir.join("confd").is_dir() {
+        dir.join("confd").join("bird.cfg")
+    } else {
+        dir.join("bird.cfg")
+    };
+    vec![
+        "ip".into(),
+        "netns".into(),
+        "exec".into(),
+        netns.to_string(),
+        "bird".into(),
+        "-f".into(),
+        "-c".into(),
+        cfg.display().to_string(),
+        "-s".into(),
+        dir.join("bird.ctl").display().to_string(),
+        "-P".into(),
+        dir.join("bird.pidfile").display().to_string(),
+    ]
 }
 
 /// Gives the pod's endpoint named ports for what it serves (`serve-80-tcp`, `serve-81-udp`,
@@ -896,6 +1082,9 @@ fn print_status(st: &LabState, out: &mut dyn Write) {
             p.ip.as_deref().unwrap_or("-")
         );
     }
+    if st.backend == "bird" {
+        let _ = write!(out, "{}", crate::bgp::render_status(st));
+    }
 }
 
 fn status(which: &Which, json: bool, out: &mut dyn Write) -> Result<u8, LabError> {
@@ -906,14 +1095,35 @@ fn status(which: &Which, json: bool, out: &mut dyn Write) -> Result<u8, LabError
             .iter()
             .map(|n| {
                 let s = felix_status(&st, &n.name);
+                let bgp =
+                    (st.backend == "bird").then(|| match crate::bgp::node_sessions(&st, &n.name) {
+                        Ok(peers) => Value::Array(
+                            peers
+                                .iter()
+                                .map(|p| {
+                                    serde_json::json!({
+                                        "name": p.name,
+                                        "peerAddress": p.peer_ip.to_string(),
+                                        "peerType": p.peer_type.to_string(),
+                                        "state": p.state,
+                                        "since": p.since,
+                                        "bgpState": p.bgp_state,
+                                        "info": p.info,
+                                    })
+                                })
+                                .collect(),
+                        ),
+                        Err(e) => serde_json::json!({"error": e}),
+                    });
                 serde_json::json!({
                     "name": n.name, "netns": n.netns, "ip": n.ip,
                     "ready": s.as_ref().map(|s| s["ready"].clone()),
                     "dataplane_in_sync": s.as_ref().map(|s| s["dataplane"]["in_sync"].clone()),
+                    "bgp": bgp,
                 })
             })
             .collect();
-        let doc = serde_json::json!({"name": st.name, "datastore": st.datastore, "nodes": nodes, "pods": st.pods});
+        let doc = serde_json::json!({"name": st.name, "datastore": st.datastore, "backend": st.backend, "tor": st.tor, "nodes": nodes, "pods": st.pods});
         let _ = writeln!(
             out,
             "{}",

@@ -13,6 +13,7 @@
 //! also sweeps namespaces with the lab's prefix and processes inside them).
 #![forbid(unsafe_code)]
 
+pub mod bgp;
 pub mod cli;
 pub mod net;
 pub mod state;

@@ -12,6 +12,19 @@ pub const DEFAULT_STATE_ROOT: &str = "/var/run/margay/lab";
 /// The fabric's subnet: the bridge is .1, nodes are .11, .12, ...
 pub const FABRIC_PREFIX: &str = "172.30.0";
 pub const POD_CIDR: &str = "10.244.0.0/16";
+/// The simulated top-of-rack router's address on the fabric (`--tor`).
+pub const TOR_IP: &str = "172.30.0.2";
+/// The nodes' AS number (Calico's default).
+pub const NODE_AS: u32 = 64512;
+
+/// The simulated top-of-rack router: a namespace on the fabric running BIRD with its own AS,
+/// peering with every node (eBGP).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TorState {
+    pub netns: String,
+    pub ip: String,
+    pub asn: u32,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeState {
@@ -42,6 +55,9 @@ pub struct LabState {
     pub topology: Topology,
     pub nodes: Vec<NodeState>,
     pub pods: Vec<PodState>,
+    /// With `--backend bird --tor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tor: Option<TorState>,
 }
 
 impl LabState {
@@ -83,7 +99,27 @@ impl LabState {
             topology,
             nodes,
             pods,
+            tor: None,
         }
+    }
+
+    /// Adds the top-of-rack router (`mgy-<lab>-tor`) with its AS number.
+    pub fn with_tor(mut self, asn: u32) -> LabState {
+        self.tor = Some(TorState {
+            netns: format!("{}tor", self.prefix),
+            ip: TOR_IP.to_string(),
+            asn,
+        });
+        self
+    }
+
+    pub fn tor_dir(&self) -> PathBuf {
+        self.dir.join("tor")
+    }
+
+    /// A node's BIRD control socket (BGP backend).
+    pub fn bird_socket(&self, node: &str) -> PathBuf {
+        self.node_dir(node).join("bird.ctl")
     }
 
     pub fn fabric_netns(&self) -> String {
@@ -144,7 +180,7 @@ impl LabState {
     /// Every pid file of the lab's supervised processes.
     pub fn pid_files(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();
-        for sub in ["nodes", "pods", "etcd"] {
+        for sub in ["nodes", "pods", "etcd", "tor"] {
             collect_pid_files(&self.dir.join(sub), &mut out);
         }
         out
