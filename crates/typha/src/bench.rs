@@ -134,7 +134,9 @@ async fn lean_client(
         }
     };
     let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
+    // Buffered as the real client is (one read for a burst of frames).
+    let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
     let hello = Message::ClientHello(ClientHello {
         min_version: proto::MIN_PROTOCOL_VERSION,
         max_version: proto::PROTOCOL_VERSION,

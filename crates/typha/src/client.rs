@@ -204,7 +204,10 @@ async fn handshake<S: AsyncRead + AsyncWrite + Send + 'static>(
     stream: S,
     tx: mpsc::Sender<(u64, FromConn)>,
 ) -> Result<Conn, ConnectError> {
-    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (rd, mut wr) = tokio::io::split(stream);
+    // Buffered: a burst of small frames (a crumb's KVs and status) is one read, not two
+    // per frame (length, then body).
+    let mut rd = tokio::io::BufReader::with_capacity(64 << 10, rd);
     let mut caps = vec![proto::CAP_MIGRATE.to_string()];
     if migrating {
         caps.push(proto::CAP_MIGRATING.into());
