@@ -217,7 +217,9 @@ fn health_reports_an_unreachable_felix() {
     assert_eq!(bird.status.code(), Some(1));
     let err = text(&bird.stderr);
     assert!(
-        err.contains("BIRD is not live: cannot connect to BIRD's control socket /nonexistent/margay-bird.ctl"),
+        err.contains(
+            "BIRD is not live: cannot connect to BIRD's control socket /nonexistent/margay-bird.ctl"
+        ),
         "{err}"
     );
 }
