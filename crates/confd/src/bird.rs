@@ -100,11 +100,28 @@ impl Reloader for SocketReloader {
             Family::V4 => &self.v4,
             Family::V6 => &self.v6,
         };
+        // No BIRD listening (no socket, or a dead one's socket left behind): nothing is owed —
+        // BIRD reads the current file when it starts. Without this, a node running no BIRD6
+        // would report a reload owed forever.
+        let mut client = match margay_bird::Client::connect(path, self.timeout) {
+            Ok(c) => c,
+            Err(margay_bird::BirdError::Connect { source, .. })
+                if matches!(
+                    source.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                tracing::debug!(
+                    socket = %path.display(),
+                    "no BIRD is listening; it will read {} when it starts",
+                    family.file_name()
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         // margay-bird's client: greeting, `configure`, BIRD's 8xxx/9xxx answers as errors.
-        margay_bird::Client::connect(path, self.timeout)
-            .and_then(|mut c| c.configure())
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        client.configure().map(|_| ()).map_err(|e| e.to_string())
     }
 }
 
@@ -149,8 +166,21 @@ mod tests {
         };
         r.reload(Family::V4).expect("configured");
         server.join().expect("server");
-        let err = r.reload(Family::V6).expect_err("no BIRD there");
-        assert!(err.contains("absent.ctl"), "{err}");
+        // No BIRD6 at all: nothing owed, it reads the file when it starts.
+        r.reload(Family::V6).expect("no BIRD6 running is not a failure");
+        // A dead BIRD's socket left behind: the same.
+        let stale = dir.path().join("stale.ctl");
+        drop(UnixListener::bind(&stale).expect("bind"));
+        r.v6 = stale;
+        r.reload(Family::V6).expect("a dead BIRD's socket is not a failure");
+        // A BIRD that is there but does not answer properly is a failure to retry.
+        let mute = dir.path().join("mute.ctl");
+        let listener = UnixListener::bind(&mute).expect("bind");
+        let server = std::thread::spawn(move || drop(listener.accept().expect("accept")));
+        r.v6 = mute;
+        let err = r.reload(Family::V6).expect_err("no greeting");
+        server.join().expect("server");
+        assert!(err.contains("mute.ctl"), "{err}");
     }
 
     #[test]

@@ -208,19 +208,35 @@ fn once_reconfigures_bird_through_its_socket() {
 fn once_fails_when_bird_cannot_be_reconfigured_or_the_node_is_unknown() {
     let env = setup();
     let cfg = env.config_dir();
+    // No BIRD running at all: nothing is owed (BIRD reads the files when it starts).
     let missing = env.dir.path().join("no-such.ctl");
-    let out = env.margay(&[
-        "confd",
-        "--once",
-        "--nodename",
-        "node1",
-        "--config-dir",
-        cfg.to_str().unwrap(),
-        "--bird-socket",
-        missing.to_str().unwrap(),
-        "--bird6-socket",
-        missing.to_str().unwrap(),
-    ]);
+    let once = |sock4: &Path, sock6: &Path| {
+        env.margay(&[
+            "confd",
+            "--once",
+            "--nodename",
+            "node1",
+            "--config-dir",
+            cfg.to_str().unwrap(),
+            "--bird-socket",
+            sock4.to_str().unwrap(),
+            "--bird6-socket",
+            sock6.to_str().unwrap(),
+        ])
+    };
+    let out = once(&missing, &missing);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A BIRD that is there but hangs up without answering: the reload is owed, exit 1.
+    let mute = env.dir.path().join("mute.ctl");
+    let listener = UnixListener::bind(&mute).unwrap();
+    let server = std::thread::spawn(move || drop(listener.accept().unwrap()));
+    std::fs::remove_file(cfg.join("bird.cfg")).unwrap();
+    let out = once(&mute, &missing);
+    server.join().unwrap();
     assert_eq!(out.status.code(), Some(1));
     // The files are in place; only the reload is owed.
     assert!(cfg.join("bird.cfg").exists());
