@@ -167,12 +167,14 @@ mod tests {
         r.reload(Family::V4).expect("configured");
         server.join().expect("server");
         // No BIRD6 at all: nothing owed, it reads the file when it starts.
-        r.reload(Family::V6).expect("no BIRD6 running is not a failure");
+        r.reload(Family::V6)
+            .expect("no BIRD6 running is not a failure");
         // A dead BIRD's socket left behind: the same.
         let stale = dir.path().join("stale.ctl");
         drop(UnixListener::bind(&stale).expect("bind"));
         r.v6 = stale;
-        r.reload(Family::V6).expect("a dead BIRD's socket is not a failure");
+        r.reload(Family::V6)
+            .expect("a dead BIRD's socket is not a failure");
         // A BIRD that is there but does not answer properly is a failure to retry.
         let mute = dir.path().join("mute.ctl");
         let listener = UnixListener::bind(&mute).expect("bind");
