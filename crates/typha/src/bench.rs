@@ -27,6 +27,17 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// CPU time (user + system) a process has used, from /proc (USER_HZ is 100 on Linux).
+pub fn cpu_seconds(pid: &str) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start at state (field 3).
+    let rest = s.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// join: clients joining a snapshot; fanout: update latency; all: the runs
@@ -490,10 +501,26 @@ async fn fanout(
             Ok(total)
         })
     });
+    // CPU used while the updates flow: Typha's, and this process's (the clients and the
+    // writer), which share the machine's cores with it.
+    let typha_pid = env.pid.to_string();
+    let cpu0 = (cpu_seconds(&typha_pid), cpu_seconds("self"));
+    let t_updates = Instant::now();
     let sent = tokio::task::spawn_blocking(move || writer.join())
         .await
         .map_err(|e| e.to_string())?
         .map_err(|_| "writer panicked".to_string())??;
+    let wall = t_updates.elapsed().as_secs_f64().max(0.001);
+    if let ((Some(t0), Some(b0)), Some(t1), Some(b1)) =
+        (cpu0, cpu_seconds(&typha_pid), cpu_seconds("self"))
+    {
+        let _ = writeln!(
+            out,
+            "  CPU while updating ({wall:.1}s): typha {:.0}% of a core, bench clients + writer {:.0}%",
+            (t1 - t0) / wall * 100.0,
+            (b1 - b0) / wall * 100.0
+        );
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss = rss_bytes(env.pid).unwrap_or(0);
     until.store(epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
