@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::error::Result;
-use crate::kv::{KeyValue, KvBackend, ListResult, Watch};
+use crate::kv::{Compare, KeyValue, KvBackend, ListResult, TxnOp, TxnResponse, Watch};
 use crate::mem::MemBackend;
 
 /// Any of margay's backends, behind one type (static dispatch per call).
@@ -49,6 +49,9 @@ impl KvBackend for AnyBackend {
     }
     async fn delete(&self, key: &str, expected: Option<i64>) -> Result<KeyValue> {
         dispatch!(self, b => b.delete(key, expected).await)
+    }
+    async fn txn(&self, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<TxnResponse> {
+        dispatch!(self, b => b.txn(compares, ops).await)
     }
     async fn watch(&self, prefix: &str, after_revision: i64) -> Result<Watch> {
         dispatch!(self, b => b.watch(prefix, after_revision).await)

@@ -18,7 +18,10 @@ use tokio::sync::{OnceCell, mpsc};
 
 use crate::config::EtcdConfig;
 use crate::error::{DatastoreError, Result};
-use crate::kv::{KeyValue, KvBackend, KvEvent, ListResult, Watch, conflict_or_missing, prefix_end};
+use crate::kv::{
+    Compare as KvCompare, KeyValue, KvBackend, KvEvent, ListResult, TxnOp as KvTxnOp, TxnOpResult,
+    TxnResponse, Watch, check_txn_ops, conflict_or_missing, prefix_end,
+};
 
 /// Keys fetched per list page.
 const LIST_PAGE: i64 = 5_000;
@@ -455,6 +458,117 @@ impl KvBackend for EtcdBackend {
                 key: key.to_string(),
             }),
         }
+    }
+
+    async fn txn(&self, compares: Vec<KvCompare>, ops: Vec<KvTxnOp>) -> Result<TxnResponse> {
+        check_txn_ops(&ops)?;
+        let when: Vec<Compare> = compares
+            .iter()
+            .map(|c| match c {
+                KvCompare::Absent(k) => Compare::version(k.as_str(), CompareOp::Equal, 0),
+                KvCompare::Exists(k) => Compare::version(k.as_str(), CompareOp::Greater, 0),
+                KvCompare::ModRevision(k, r) => {
+                    Compare::mod_revision(k.as_str(), CompareOp::Equal, *r)
+                }
+            })
+            .collect();
+        let then: Vec<TxnOp> = ops
+            .iter()
+            .map(|op| match op {
+                KvTxnOp::Put { key, value } => TxnOp::put(
+                    key.as_str(),
+                    value.clone(),
+                    Some(PutOptions::new().with_prev_key()),
+                ),
+                KvTxnOp::Delete { key } => {
+                    TxnOp::delete(key.as_str(), Some(DeleteOptions::new().with_prev_key()))
+                }
+                KvTxnOp::Get { key } => TxnOp::get(key.as_str(), None),
+                KvTxnOp::List { prefix } => TxnOp::get(
+                    prefix.as_str(),
+                    Some(GetOptions::new().with_range(prefix_end(prefix))),
+                ),
+            })
+            .collect();
+        // On failure, read every compared key (in the same atomic step) to say which failed.
+        let or_else: Vec<TxnOp> = compares.iter().map(|c| TxnOp::get(c.key(), None)).collect();
+        let txn = Txn::new().when(when).and_then(then).or_else(or_else);
+        let first_key = compares
+            .first()
+            .map(KvCompare::key)
+            .or_else(|| {
+                ops.first().map(|op| match op {
+                    KvTxnOp::Put { key, .. } | KvTxnOp::Delete { key } | KvTxnOp::Get { key } => {
+                        key.as_str()
+                    }
+                    KvTxnOp::List { prefix } => prefix.as_str(),
+                })
+            })
+            .unwrap_or_default()
+            .to_string();
+        // Reads may be retried on any transient error; writes only when never sent.
+        let idempotent = !ops.iter().any(KvTxnOp::is_write);
+        let resp = self
+            .retry(idempotent, |c| {
+                let txn = txn.clone();
+                async move {
+                    c.kv_client()
+                        .max_decoding_message_size(MAX_MESSAGE)
+                        .txn(txn)
+                        .await
+                }
+            })
+            .await
+            .map_err(|e| self.err("transaction on", &first_key, e))?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        if !resp.succeeded() {
+            for (c, r) in compares.iter().zip(resp.op_responses()) {
+                let current = match r {
+                    TxnOpResponse::Get(g) => {
+                        g.kvs().first().map(etcd_client::KeyValue::mod_revision)
+                    }
+                    _ => None,
+                };
+                if let Some(e) = c.failure(current) {
+                    return Err(e);
+                }
+            }
+            // Unreachable unless etcd and this check disagree: still report a conflict.
+            return Err(DatastoreError::Conflict {
+                key: first_key,
+                expected: 0,
+                current: None,
+            });
+        }
+        let mut results = Vec::with_capacity(ops.len());
+        for (op, r) in ops.into_iter().zip(resp.op_responses()) {
+            results.push(match (op, r) {
+                (KvTxnOp::Put { key, value }, TxnOpResponse::Put(p)) => {
+                    TxnOpResult::Put(KeyValue {
+                        key,
+                        value,
+                        create_revision: p.prev_key().map_or(revision, |k| k.create_revision()),
+                        mod_revision: revision,
+                    })
+                }
+                (KvTxnOp::Delete { .. }, TxnOpResponse::Delete(d)) => {
+                    TxnOpResult::Delete(d.prev_kvs().first().map(convert).transpose()?)
+                }
+                (KvTxnOp::Get { .. }, TxnOpResponse::Get(g)) => {
+                    TxnOpResult::Get(g.kvs().first().map(convert).transpose()?)
+                }
+                (KvTxnOp::List { .. }, TxnOpResponse::Get(g)) => {
+                    TxnOpResult::List(g.kvs().iter().map(convert).collect::<Result<_>>()?)
+                }
+                _ => {
+                    return Err(DatastoreError::unavailable(format!(
+                        "etcd at {}: transaction on {first_key}: answers do not match the operations",
+                        self.inner.label
+                    )));
+                }
+            });
+        }
+        Ok(TxnResponse { revision, results })
     }
 
     async fn watch(&self, prefix: &str, after_revision: i64) -> Result<Watch> {

@@ -60,6 +60,127 @@ pub struct ListResult {
     pub revision: i64,
 }
 
+/// A condition of a transaction ([`KvBackend::txn`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compare {
+    /// The key does not exist (etcd: `version == 0`).
+    Absent(String),
+    /// The key exists, whatever its revision (etcd: `version > 0`).
+    Exists(String),
+    /// The key exists and was last written at this revision (etcd: `mod_revision == r`).
+    ModRevision(String, i64),
+}
+
+impl Compare {
+    pub fn key(&self) -> &str {
+        match self {
+            Compare::Absent(k) | Compare::Exists(k) | Compare::ModRevision(k, _) => k,
+        }
+    }
+
+    /// The error this condition stands for when the key's current mod revision is `current`
+    /// (None: missing), or None when it holds. The same errors the single-key writes give:
+    /// `AlreadyExists` (create), `NotFound` / `Conflict` (update, delete).
+    pub fn failure(&self, current: Option<i64>) -> Option<DatastoreError> {
+        match self {
+            Compare::Absent(k) => current.map(|_| DatastoreError::AlreadyExists { key: k.clone() }),
+            Compare::Exists(k) => current
+                .is_none()
+                .then(|| DatastoreError::NotFound { key: k.clone() }),
+            Compare::ModRevision(k, e) => {
+                (current != Some(*e)).then(|| conflict_or_missing(k, *e, current))
+            }
+        }
+    }
+}
+
+/// One operation of a transaction. Reads see the writes of earlier operations of the same
+/// transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOp {
+    /// Creates or replaces the key (without a TTL).
+    Put {
+        key: String,
+        value: Vec<u8>,
+    },
+    /// Deletes the key if it exists (a missing key is not an error: conditions belong in
+    /// the compares).
+    Delete {
+        key: String,
+    },
+    Get {
+        key: String,
+    },
+    /// Every live key under the prefix, unpaginated: for small prefixes only (the whole
+    /// answer is one message).
+    List {
+        prefix: String,
+    },
+}
+
+impl TxnOp {
+    pub fn put(key: impl Into<String>, value: Vec<u8>) -> TxnOp {
+        TxnOp::Put {
+            key: key.into(),
+            value,
+        }
+    }
+
+    pub fn delete(key: impl Into<String>) -> TxnOp {
+        TxnOp::Delete { key: key.into() }
+    }
+
+    pub fn get(key: impl Into<String>) -> TxnOp {
+        TxnOp::Get { key: key.into() }
+    }
+
+    pub fn list(prefix: impl Into<String>) -> TxnOp {
+        TxnOp::List {
+            prefix: prefix.into(),
+        }
+    }
+
+    pub fn is_write(&self) -> bool {
+        matches!(self, TxnOp::Put { .. } | TxnOp::Delete { .. })
+    }
+}
+
+/// The result of one [`TxnOp`], in the order of the operations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOpResult {
+    /// What the key now holds.
+    Put(KeyValue),
+    /// What the key held, or None if it did not exist.
+    Delete(Option<KeyValue>),
+    Get(Option<KeyValue>),
+    List(Vec<KeyValue>),
+}
+
+/// What a successful transaction did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnResponse {
+    /// The store's revision after the transaction (the revision of its last write, or the
+    /// current revision if it wrote nothing).
+    pub revision: i64,
+    pub results: Vec<TxnOpResult>,
+}
+
+/// Refuses a transaction that writes one key twice (etcd refuses it too: the order of two
+/// writes to a key in one revision would be undefined).
+pub(crate) fn check_txn_ops(ops: &[TxnOp]) -> Result<()> {
+    let mut written = std::collections::HashSet::new();
+    for op in ops {
+        if let TxnOp::Put { key, .. } | TxnOp::Delete { key } = op
+            && !written.insert(key.as_str())
+        {
+            return Err(DatastoreError::invalid(format!(
+                "transaction writes {key} more than once"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// What a watch delivers: batches of events in revision order, or the error that ended it.
 pub type WatchItem = Result<Vec<KvEvent>>;
 
@@ -107,6 +228,12 @@ impl std::fmt::Debug for Watch {
 ///   change under `prefix` with revision > `after`; if `after` is older than the compacted
 ///   revision it fails with `Compacted`.
 /// - A key written with a TTL disappears when the TTL passes, and watchers see a `Delete`.
+/// - `txn(compares, ops)` is all or nothing: if every compare holds, every op is applied, in
+///   order, with no other write in between (reads in it see one consistent state); otherwise
+///   nothing is written and it fails with the error of the first compare that does not hold
+///   (`AlreadyExists`, `NotFound` or `Conflict`, as the single-key writes). Its writes get
+///   revisions greater than every earlier write: one shared revision (etcd) or consecutive
+///   ones (mem, local); watchers see them in op order. A key may be written once per txn.
 pub trait KvBackend: Send + Sync + 'static {
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<KeyValue>>> + Send;
 
@@ -133,6 +260,14 @@ pub trait KvBackend: Send + Sync + 'static {
         key: &str,
         expected_mod_revision: Option<i64>,
     ) -> impl Future<Output = Result<KeyValue>> + Send;
+
+    /// A multi-key atomic transaction (etcd's Txn; see the contract above). With only reads,
+    /// a consistent multi-key read in one round trip.
+    fn txn(
+        &self,
+        compares: Vec<Compare>,
+        ops: Vec<TxnOp>,
+    ) -> impl Future<Output = Result<TxnResponse>> + Send;
 
     fn watch(
         &self,

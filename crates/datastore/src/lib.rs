@@ -21,7 +21,9 @@ pub use any::AnyBackend;
 pub use client::{Applied, Client, ResourceEvent, ResourceList, ResourceWatch};
 pub use config::{DatastoreConfig, DatastoreType};
 pub use error::{DatastoreError, Result};
-pub use kv::{KeyValue, KvBackend, KvEvent, ListResult, Watch};
+pub use kv::{
+    Compare, KeyValue, KvBackend, KvEvent, ListResult, TxnOp, TxnOpResult, TxnResponse, Watch,
+};
 pub use mem::MemBackend;
 pub use syncer::{SyncStatus, SyncerEvent, SyncerOptions, Update, UpdateType, WatcherSyncer};
 

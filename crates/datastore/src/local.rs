@@ -54,7 +54,10 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionB
 use tokio::sync::{mpsc, watch};
 
 use crate::error::{DatastoreError, Result};
-use crate::kv::{KeyValue, KvBackend, KvEvent, ListResult, Watch, conflict_or_missing, prefix_end};
+use crate::kv::{
+    Compare, KeyValue, KvBackend, KvEvent, ListResult, TxnOp, TxnOpResult, TxnResponse, Watch,
+    check_txn_ops, conflict_or_missing, prefix_end,
+};
 
 /// Where the datastore lives unless configured otherwise.
 pub const DEFAULT_PATH: &str = crate::config::DEFAULT_LOCAL_PATH;
@@ -528,28 +531,108 @@ fn read_list(conn: &mut Connection, prefix: &str) -> TxResult<ListResult> {
     let now = now_ms();
     let tx = conn.transaction()?;
     let revision = current_revision(&tx)?;
-    let end = prefix_end(prefix);
-    let mut kvs = Vec::new();
-    {
-        let mut st;
-        let mut rows = if end == [0] {
-            st = tx.prepare_cached(SQL_LIST_FROM)?;
-            st.query((prefix, now))?
-        } else {
-            st = tx.prepare_cached(SQL_LIST_RANGE)?;
-            st.query((prefix, TextBytes(&end), now))?
-        };
-        while let Some(r) = rows.next()? {
-            kvs.push(KeyValue {
-                key: key_text(r.get_ref(0)?)?,
-                value: bytes(r.get_ref(1)?),
-                create_revision: r.get(2)?,
-                mod_revision: r.get(3)?,
-            });
-        }
-    }
+    let kvs = list_rows(&tx, prefix, now)?;
     tx.commit()?;
     Ok(ListResult { kvs, revision })
+}
+
+/// The live keys under `prefix`, in key order.
+fn list_rows(conn: &Connection, prefix: &str, now: i64) -> TxResult<Vec<KeyValue>> {
+    let end = prefix_end(prefix);
+    let mut kvs = Vec::new();
+    let mut st;
+    let mut rows = if end == [0] {
+        st = conn.prepare_cached(SQL_LIST_FROM)?;
+        st.query((prefix, now))?
+    } else {
+        st = conn.prepare_cached(SQL_LIST_RANGE)?;
+        st.query((prefix, TextBytes(&end), now))?
+    };
+    while let Some(r) = rows.next()? {
+        kvs.push(KeyValue {
+            key: key_text(r.get_ref(0)?)?,
+            value: bytes(r.get_ref(1)?),
+            create_revision: r.get(2)?,
+            mod_revision: r.get(3)?,
+        });
+    }
+    Ok(kvs)
+}
+
+/// The key's live value, without writing (expired rows count as missing).
+fn read_live(conn: &Connection, key: &str, now: i64) -> TxResult<Option<KeyValue>> {
+    let mut st = conn.prepare_cached(SQL_GET)?;
+    Ok(st
+        .query_row((key, now), |r| {
+            Ok(KeyValue {
+                key: key.to_string(),
+                value: bytes(r.get_ref(0)?),
+                create_revision: r.get(1)?,
+                mod_revision: r.get(2)?,
+            })
+        })
+        .optional()?)
+}
+
+/// A transaction without writes: compares and reads on one snapshot of a read connection.
+fn read_txn(conn: &mut Connection, compares: &[Compare], ops: Vec<TxnOp>) -> TxResult<TxnResponse> {
+    let now = now_ms();
+    let tx = conn.transaction()?;
+    for c in compares {
+        let current = read_live(&tx, c.key(), now)?.map(|kv| kv.mod_revision);
+        if let Some(e) = c.failure(current) {
+            return Err(Fail::Kv(e));
+        }
+    }
+    let mut results = Vec::with_capacity(ops.len());
+    for op in ops {
+        results.push(match op {
+            TxnOp::Get { key } => TxnOpResult::Get(read_live(&tx, &key, now)?),
+            TxnOp::List { prefix } => TxnOpResult::List(list_rows(&tx, &prefix, now)?),
+            TxnOp::Put { .. } | TxnOp::Delete { .. } => {
+                return Err(Fail::Kv(DatastoreError::invalid(
+                    "a write in a read-only transaction",
+                )));
+            }
+        });
+    }
+    let revision = current_revision(&tx)?;
+    tx.commit()?;
+    Ok(TxnResponse { revision, results })
+}
+
+/// A transaction with writes, inside the caller's BEGIN IMMEDIATE transaction.
+fn write_txn(conn: &Connection, compares: &[Compare], ops: Vec<TxnOp>) -> TxResult<TxnResponse> {
+    let now = now_ms();
+    sweep(conn, now, SWEEP_LIMIT)?;
+    for c in compares {
+        let current = live(conn, c.key(), now)?.map(|kv| kv.mod_revision);
+        if let Some(e) = c.failure(current) {
+            return Err(Fail::Kv(e));
+        }
+    }
+    let mut results = Vec::with_capacity(ops.len());
+    for op in ops {
+        results.push(match op {
+            TxnOp::Put { key, value } => {
+                let current = live(conn, &key, now)?;
+                TxnOpResult::Put(put_row(conn, &key, value, current.as_ref(), None)?)
+            }
+            TxnOp::Delete { key } => {
+                let current = live(conn, &key, now)?;
+                if let Some(kv) = &current {
+                    delete_row(conn, kv)?;
+                }
+                TxnOpResult::Delete(current)
+            }
+            TxnOp::Get { key } => TxnOpResult::Get(live(conn, &key, now)?),
+            TxnOp::List { prefix } => TxnOpResult::List(list_rows(conn, &prefix, now)?),
+        });
+    }
+    Ok(TxnResponse {
+        revision: current_revision(conn)?,
+        results,
+    })
 }
 
 /// One batch of log rows under `prefix` after `after`, read from one snapshot.
@@ -1107,6 +1190,26 @@ impl KvBackend for LocalBackend {
             expected: expected_mod_revision,
         };
         self.write(key, op).await
+    }
+
+    async fn txn(&self, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<TxnResponse> {
+        check_txn_ops(&ops)?;
+        if ops.iter().any(TxnOp::is_write) {
+            self.blocking(move |db| {
+                let resp = db.with_writer("transaction", |tx| write_txn(tx, &compares, ops))?;
+                db.publish(resp.revision);
+                Ok(resp)
+            })
+            .await
+        } else {
+            // Reads only: a read connection, so writers are not held up.
+            self.blocking(move |db| {
+                db.with_reader("reading (transaction)", |conn| {
+                    read_txn(conn, &compares, ops)
+                })
+            })
+            .await
+        }
     }
 
     async fn watch(&self, prefix: &str, after_revision: i64) -> Result<Watch> {

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::{DatastoreError, Result};
-use crate::kv::{KeyValue, KvBackend, KvEvent, ListResult, Watch, conflict_or_missing};
+use crate::kv::{
+    Compare, KeyValue, KvBackend, KvEvent, ListResult, TxnOp, TxnOpResult, TxnResponse, Watch,
+    check_txn_ops, conflict_or_missing,
+};
 
 /// How often watchers look for expired keys when nothing else happens.
 const EXPIRY_SWEEP: Duration = Duration::from_millis(50);
@@ -89,6 +92,29 @@ impl State {
     }
 }
 
+impl State {
+    /// Deletes a live key, logging the Delete; returns what it held.
+    fn remove(&mut self, key: &str) -> Option<KeyValue> {
+        let (prev, _) = self.data.remove(key)?;
+        self.revision += 1;
+        self.log.push(KvEvent::Delete {
+            key: key.to_string(),
+            revision: self.revision,
+            prev: Some(prev.clone()),
+        });
+        Some(prev)
+    }
+
+    fn list(&self, prefix: &str, now: Instant) -> Vec<KeyValue> {
+        self.data
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(_, (_, e))| e.is_none_or(|e| e > now))
+            .map(|(_, (kv, _))| kv.clone())
+            .collect()
+    }
+}
+
 impl MemBackend {
     pub fn new() -> Self {
         MemBackend::default()
@@ -119,15 +145,8 @@ impl KvBackend for MemBackend {
     }
 
     async fn list(&self, prefix: &str) -> Result<ListResult> {
-        let now = Instant::now();
         let s = self.lock();
-        let kvs = s
-            .data
-            .range(prefix.to_string()..)
-            .take_while(|(k, _)| k.starts_with(prefix))
-            .filter(|(_, (_, e))| e.is_none_or(|e| e > now))
-            .map(|(_, (kv, _))| kv.clone())
-            .collect();
+        let kvs = s.list(prefix, Instant::now());
         Ok(ListResult {
             kvs,
             revision: s.revision,
@@ -172,20 +191,35 @@ impl KvBackend for MemBackend {
                     key: key.to_string(),
                 }),
                 (Some(c), Some(e)) if c != e => Err(conflict_or_missing(key, e, Some(c))),
-                _ => {
-                    let (prev, _) = s.data.remove(key).ok_or_else(|| DatastoreError::NotFound {
-                        key: key.to_string(),
-                    })?;
-                    s.revision += 1;
-                    let revision = s.revision;
-                    s.log.push(KvEvent::Delete {
-                        key: key.to_string(),
-                        revision,
-                        prev: Some(prev.clone()),
-                    });
-                    Ok(prev)
+                _ => s.remove(key).ok_or_else(|| DatastoreError::NotFound {
+                    key: key.to_string(),
+                }),
+            }
+        })
+    }
+
+    async fn txn(&self, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<TxnResponse> {
+        check_txn_ops(&ops)?;
+        self.write(|s, now| {
+            for c in &compares {
+                let current = s.live(c.key(), now).map(|kv| kv.mod_revision);
+                if let Some(e) = c.failure(current) {
+                    return Err(e);
                 }
             }
+            let mut results = Vec::with_capacity(ops.len());
+            for op in ops {
+                results.push(match op {
+                    TxnOp::Put { key, value } => TxnOpResult::Put(s.put(&key, value, None, now)),
+                    TxnOp::Delete { key } => TxnOpResult::Delete(s.remove(&key)),
+                    TxnOp::Get { key } => TxnOpResult::Get(s.live(&key, now).cloned()),
+                    TxnOp::List { prefix } => TxnOpResult::List(s.list(&prefix, now)),
+                });
+            }
+            Ok(TxnResponse {
+                revision: s.revision,
+                results,
+            })
         })
     }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use margay_datastore::{DatastoreError, KvBackend, KvEvent};
+use margay_datastore::{Compare, DatastoreError, KvBackend, KvEvent, TxnOp, TxnOpResult};
 
 /// Runs every check against `b`, with keys under `root` (e.g. "/conformance/<unique>/").
 pub async fn run_all<B: KvBackend + Clone>(b: &B, root: &str) {
@@ -17,6 +17,10 @@ pub async fn run_all<B: KvBackend + Clone>(b: &B, root: &str) {
     watch_ignores_other_prefixes(b, &format!("{root}watchpfx/")).await;
     concurrent_read_modify_write(b, &format!("{root}rmw/")).await;
     ttl_expiry(b, &format!("{root}ttl/")).await;
+    txn_success_mixed_ops(b, &format!("{root}txn/")).await;
+    txn_compare_failure_changes_nothing(b, &format!("{root}txnfail/")).await;
+    txn_reads_only(b, &format!("{root}txnread/")).await;
+    txn_concurrent_pairs_stay_equal(b, &format!("{root}txnpair/")).await;
     // Compaction affects the whole store, so it runs last.
     compaction(b, &format!("{root}compact/")).await;
 }
@@ -293,4 +297,265 @@ pub async fn compaction<B: KvBackend>(b: &B, p: &str) {
     b.update(&k, b"3".to_vec(), None, None).await.unwrap();
     let events = next_events(&mut w, 1).await;
     assert!(matches!(&events[0], KvEvent::Put { kv, .. } if kv.value == b"3"));
+}
+
+/// All compares hold: puts (create and replace), a delete, a delete of a missing key, and
+/// reads that see the transaction's own earlier writes, applied at once; a watcher sees the
+/// writes in op order, and nothing else in between.
+pub async fn txn_success_mixed_ops<B: KvBackend>(b: &B, p: &str) {
+    let (ka, kb, kc, kd) = (
+        format!("{p}x/a"),
+        format!("{p}x/b"),
+        format!("{p}x/c"),
+        format!("{p}x/d"),
+    );
+    let vb = b.create(&kb, b"b1".to_vec(), None).await.unwrap();
+    let vc = b.create(&kc, b"c1".to_vec(), None).await.unwrap();
+    let before = b.revision().await.unwrap();
+    let mut w = b.watch(p, before).await.unwrap();
+    let resp = b
+        .txn(
+            vec![
+                Compare::Absent(ka.clone()),
+                Compare::ModRevision(kb.clone(), vb.mod_revision),
+                Compare::Exists(kc.clone()),
+            ],
+            vec![
+                TxnOp::put(&ka, b"a1".to_vec()),
+                TxnOp::put(&kb, b"b2".to_vec()),
+                TxnOp::delete(&kc),
+                TxnOp::delete(&kd),
+                TxnOp::get(&kb),
+                TxnOp::list(format!("{p}x/")),
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(resp.revision > before);
+    assert_eq!(resp.revision, b.revision().await.unwrap());
+    assert_eq!(resp.results.len(), 6);
+    let TxnOpResult::Put(a) = &resp.results[0] else {
+        panic!("{:?}", resp.results[0])
+    };
+    assert_eq!(
+        (a.key.as_str(), a.value.as_slice()),
+        (ka.as_str(), &b"a1"[..])
+    );
+    assert_eq!(a.create_revision, a.mod_revision);
+    assert!(a.mod_revision > before);
+    let TxnOpResult::Put(bb) = &resp.results[1] else {
+        panic!("{:?}", resp.results[1])
+    };
+    assert_eq!(bb.create_revision, vb.create_revision);
+    assert!(bb.mod_revision > vb.mod_revision);
+    assert_eq!(resp.results[2], TxnOpResult::Delete(Some(vc.clone())));
+    assert_eq!(resp.results[3], TxnOpResult::Delete(None));
+    // Reads see the writes before them.
+    assert_eq!(resp.results[4], TxnOpResult::Get(Some(bb.clone())));
+    assert_eq!(
+        resp.results[5],
+        TxnOpResult::List(vec![a.clone(), bb.clone()])
+    );
+    assert_eq!(b.get(&ka).await.unwrap().as_ref(), Some(a));
+    assert_eq!(b.get(&kb).await.unwrap().as_ref(), Some(bb));
+    assert_eq!(b.get(&kc).await.unwrap(), None);
+    // The next write comes after every write of the transaction.
+    let later = b
+        .create(&format!("{p}later"), b"l".to_vec(), None)
+        .await
+        .unwrap();
+    assert!(later.mod_revision > resp.revision);
+    let events = next_events(&mut w, 4).await;
+    let keys: Vec<&str> = events.iter().map(KvEvent::key).collect();
+    assert_eq!(
+        keys,
+        vec![ka.as_str(), kb.as_str(), kc.as_str(), &format!("{p}later")]
+    );
+    let revs: Vec<i64> = events.iter().map(KvEvent::revision).collect();
+    assert!(revs.windows(2).all(|w| w[0] <= w[1]), "{revs:?}");
+    assert!(revs[2] < revs[3]);
+    assert!(matches!(&events[2], KvEvent::Delete { prev: Some(prev), .. } if prev.value == b"c1"));
+    // A key may be written only once per transaction.
+    let err = b
+        .txn(
+            vec![],
+            vec![TxnOp::put(&ka, b"1".to_vec()), TxnOp::delete(&ka)],
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DatastoreError::Invalid { .. }), "{err:?}");
+    assert_eq!(b.get(&ka).await.unwrap().as_ref(), Some(a));
+}
+
+/// Any compare that does not hold: nothing is written, no revision is used, and the error is
+/// the one the single-key write would give, naming the key.
+pub async fn txn_compare_failure_changes_nothing<B: KvBackend>(b: &B, p: &str) {
+    let (ka, kb, missing) = (format!("{p}a"), format!("{p}b"), format!("{p}missing"));
+    let va1 = b.create(&ka, b"a1".to_vec(), None).await.unwrap();
+    let va2 = b.update(&ka, b"a2".to_vec(), None, None).await.unwrap();
+    let vb = b.create(&kb, b"b1".to_vec(), None).await.unwrap();
+    let before = b.revision().await.unwrap();
+    let writes = || {
+        vec![
+            TxnOp::put(&kb, b"b2".to_vec()),
+            TxnOp::delete(&ka),
+            TxnOp::put(&missing, b"new".to_vec()),
+        ]
+    };
+    let cases: Vec<(Vec<Compare>, &str)> = vec![
+        // Stale revision (the second compare; the first holds).
+        (
+            vec![
+                Compare::ModRevision(kb.clone(), vb.mod_revision),
+                Compare::ModRevision(ka.clone(), va1.mod_revision),
+            ],
+            "conflict",
+        ),
+        (vec![Compare::Absent(ka.clone())], "exists"),
+        (vec![Compare::Exists(missing.clone())], "missing"),
+        (
+            vec![Compare::ModRevision(missing.clone(), vb.mod_revision)],
+            "missing",
+        ),
+    ];
+    for (compares, want) in cases {
+        let err = b.txn(compares.clone(), writes()).await.unwrap_err();
+        match (want, &err) {
+            (
+                "conflict",
+                DatastoreError::Conflict {
+                    key,
+                    expected,
+                    current,
+                },
+            ) => {
+                assert_eq!(key, &ka);
+                assert_eq!(*expected, va1.mod_revision);
+                assert_eq!(*current, Some(va2.mod_revision));
+            }
+            ("exists", DatastoreError::AlreadyExists { key }) => assert_eq!(key, &ka),
+            ("missing", DatastoreError::NotFound { key }) => assert_eq!(key, &missing),
+            _ => panic!("{compares:?}: expected {want}, got {err:?}"),
+        }
+        assert_eq!(b.revision().await.unwrap(), before, "{compares:?} wrote");
+        assert_eq!(b.get(&ka).await.unwrap(), Some(va2.clone()));
+        assert_eq!(b.get(&kb).await.unwrap(), Some(vb.clone()));
+        assert_eq!(b.get(&missing).await.unwrap(), None);
+    }
+    // The same transaction with conditions that hold goes through.
+    b.txn(
+        vec![
+            Compare::ModRevision(ka.clone(), va2.mod_revision),
+            Compare::Absent(missing.clone()),
+        ],
+        writes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(b.get(&ka).await.unwrap(), None);
+    assert_eq!(b.get(&missing).await.unwrap().unwrap().value, b"new");
+}
+
+/// Reads only: one consistent view, no new revision; compares still apply.
+pub async fn txn_reads_only<B: KvBackend>(b: &B, p: &str) {
+    let ka = format!("{p}a");
+    let va = b.create(&ka, b"a".to_vec(), None).await.unwrap();
+    b.create(&format!("{p}l/1"), b"1".to_vec(), None)
+        .await
+        .unwrap();
+    b.create(&format!("{p}l/2"), b"2".to_vec(), None)
+        .await
+        .unwrap();
+    let before = b.revision().await.unwrap();
+    let resp = b
+        .txn(
+            vec![Compare::ModRevision(ka.clone(), va.mod_revision)],
+            vec![
+                TxnOp::get(&ka),
+                TxnOp::get(format!("{p}none")),
+                TxnOp::list(format!("{p}l/")),
+                TxnOp::list(format!("{p}empty/")),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.revision, before);
+    assert_eq!(b.revision().await.unwrap(), before);
+    assert_eq!(resp.results[0], TxnOpResult::Get(Some(va.clone())));
+    assert_eq!(resp.results[1], TxnOpResult::Get(None));
+    let TxnOpResult::List(l) = &resp.results[2] else {
+        panic!("{:?}", resp.results[2])
+    };
+    assert_eq!(
+        l.iter().map(|kv| kv.value.clone()).collect::<Vec<_>>(),
+        vec![b"1".to_vec(), b"2".to_vec()]
+    );
+    assert_eq!(resp.results[3], TxnOpResult::List(vec![]));
+    let err = b
+        .txn(vec![Compare::Absent(ka.clone())], vec![TxnOp::get(&ka)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, DatastoreError::AlreadyExists { .. }),
+        "{err:?}"
+    );
+    // No compares, no ops: the current revision.
+    assert_eq!(b.txn(vec![], vec![]).await.unwrap().revision, before);
+}
+
+/// Writers move one unit between two keys with read-both, CAS-both transactions: with every
+/// transaction atomic, the sum never changes and every move lands.
+pub async fn txn_concurrent_pairs_stay_equal<B: KvBackend + Clone>(b: &B, p: &str) {
+    const WRITERS: usize = 6;
+    const EACH: usize = 15;
+    let (ka, kb) = (format!("{p}a"), format!("{p}b"));
+    b.create(&ka, b"1000".to_vec(), None).await.unwrap();
+    b.create(&kb, b"0".to_vec(), None).await.unwrap();
+    let num = |v: &[u8]| -> i64 { std::str::from_utf8(v).unwrap().parse().unwrap() };
+    let mut tasks = Vec::new();
+    for _ in 0..WRITERS {
+        let (b, ka, kb) = (b.clone(), ka.clone(), kb.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..EACH {
+                let mut conflicts = 0u32;
+                loop {
+                    let read = b
+                        .txn(vec![], vec![TxnOp::get(&ka), TxnOp::get(&kb)])
+                        .await
+                        .unwrap();
+                    let [TxnOpResult::Get(Some(a)), TxnOpResult::Get(Some(bv))] = &read.results[..]
+                    else {
+                        panic!("{read:?}")
+                    };
+                    assert_eq!(num(&a.value) + num(&bv.value), 1000, "torn read");
+                    match b
+                        .txn(
+                            vec![
+                                Compare::ModRevision(ka.clone(), a.mod_revision),
+                                Compare::ModRevision(kb.clone(), bv.mod_revision),
+                            ],
+                            vec![
+                                TxnOp::put(&ka, (num(&a.value) - 1).to_string().into_bytes()),
+                                TxnOp::put(&kb, (num(&bv.value) + 1).to_string().into_bytes()),
+                            ],
+                        )
+                        .await
+                    {
+                        Ok(_) => break,
+                        Err(DatastoreError::Conflict { .. }) => {
+                            conflicts += 1;
+                            assert!(conflicts < 100_000, "livelock");
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let moved = (WRITERS * EACH) as i64;
+    assert_eq!(num(&b.get(&ka).await.unwrap().unwrap().value), 1000 - moved);
+    assert_eq!(num(&b.get(&kb).await.unwrap().unwrap().value), moved);
 }
