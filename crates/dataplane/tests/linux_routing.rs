@@ -134,6 +134,8 @@ fn route_manager_owns_only_protocol_80_routes() {
         "static",
     ])
     .unwrap();
+    // cali1 is not given to the manager as a local workload's interface here, so this route
+    // is someone else's (taking over workload routes: `cni_route_is_taken_over_…`).
     ns.ip(&[
         "route",
         "add",
@@ -193,7 +195,7 @@ fn route_manager_owns_only_protocol_80_routes() {
     let mut mgr = RouteManager::new(true);
     let (r, mut mgr) = in_ns(&ns, {
         let desired = desired.clone();
-        move || (mgr.apply(&desired).unwrap(), mgr)
+        move || (mgr.apply(&desired, &[]).unwrap(), mgr)
     });
     assert_eq!(
         (r.added, r.replaced, r.removed, r.unchanged, r.errors),
@@ -236,7 +238,7 @@ fn route_manager_owns_only_protocol_80_routes() {
     // Nothing changed: nothing to do (IPv6's metric 0 reads back as 1024 and still matches).
     let (r, mut mgr) = in_ns(&ns, {
         let desired = desired.clone();
-        move || (mgr.apply(&desired).unwrap(), mgr)
+        move || (mgr.apply(&desired, &[]).unwrap(), mgr)
     });
     assert_eq!(
         (r.added, r.replaced, r.removed, r.unchanged),
@@ -248,7 +250,7 @@ fn route_manager_owns_only_protocol_80_routes() {
     ns.add_veth("cali2", "cali2-peer", &[]).unwrap();
     let (r, mut mgr) = in_ns(&ns, {
         let desired = desired.clone();
-        move || (mgr.apply(&desired).unwrap(), mgr)
+        move || (mgr.apply(&desired, &[]).unwrap(), mgr)
     });
     assert_eq!((r.added, r.waiting), (1, 0), "{r:#?}");
     assert!(r.missing_interfaces.is_empty());
@@ -273,7 +275,7 @@ fn route_manager_owns_only_protocol_80_routes() {
         .cloned()
         .collect();
     changed[1] = via("10.65.1.0/26", "eth0", "192.168.50.9");
-    let (r, mut mgr) = in_ns(&ns, move || (mgr.apply(&changed).unwrap(), mgr));
+    let (r, mut mgr) = in_ns(&ns, move || (mgr.apply(&changed, &[]).unwrap(), mgr));
     assert_eq!(
         (r.added, r.replaced, r.removed, r.unchanged),
         (1, 1, 1, 3),
@@ -288,7 +290,7 @@ fn route_manager_owns_only_protocol_80_routes() {
     foreign(&ns);
 
     // Nothing wanted: every protocol-80 route goes, nothing else does.
-    let (r, _) = in_ns(&ns, move || (mgr.apply(&[]).unwrap(), mgr));
+    let (r, _) = in_ns(&ns, move || (mgr.apply(&[], &[]).unwrap(), mgr));
     assert_eq!(r.removed, 5, "{r:#?}");
     assert_eq!(ns.ip(&["route", "show", "proto", "80"]).unwrap(), "");
     assert_eq!(ns.ip(&["-6", "route", "show", "proto", "80"]).unwrap(), "");
@@ -759,9 +761,9 @@ fn a_thousand_routes_apply_in_tens_of_milliseconds() {
         .collect();
     let (add, noop, remove) = in_ns(&ns, move || {
         let mut mgr = RouteManager::new(false);
-        let add = mgr.apply(&desired).unwrap();
-        let noop = mgr.apply(&desired).unwrap();
-        let remove = mgr.apply(&[]).unwrap();
+        let add = mgr.apply(&desired, &[]).unwrap();
+        let noop = mgr.apply(&desired, &[]).unwrap();
+        let remove = mgr.apply(&[], &[]).unwrap();
         (add, noop, remove)
     });
     assert_eq!(add.added, 1000, "{add:#?}");
@@ -911,4 +913,185 @@ fn felix_leaves_bird_routes_of_no_encap_pools_alone() {
             bird(&ns)
         );
     }
+}
+
+/// The route-ownership invariant for workload interfaces: the CNI plugin's route to a pod
+/// (`ip route add <pod>/32 dev caliX`: metric 0, protocol boot) is replaced by Felix's
+/// (metric 1024, protocol 80), so the node holds exactly one route to the pod through its
+/// interface — and nothing else is touched: the same destination through an interface that is
+/// no local workload's, another destination through the workload's interface, BIRD's routes.
+#[test]
+fn cni_route_is_taken_over_through_workload_interfaces_only() {
+    if !root() {
+        return;
+    }
+    let ns = Netns::new("cnitake").unwrap();
+    ns.add_veth("eth0", "eth0-peer", &["192.168.73.1/24"])
+        .unwrap();
+    ns.add_veth("calia", "calia-peer", &[]).unwrap();
+    // Named like a workload interface, but no local endpoint uses it.
+    ns.add_veth("caliother", "caliother-peer", &[]).unwrap();
+    let cni_add = |ns: &Netns| {
+        // Exactly what the CNI plugin does (ip's defaults are the plugin's: proto boot,
+        // metric 0, scope link); IPv6 stores metric 0 as 1024.
+        ns.ip(&["route", "add", "10.73.0.5/32", "dev", "calia"])
+            .unwrap();
+    };
+    cni_add(&ns);
+    ns.ip(&["-6", "route", "add", "fd00:73::5/128", "dev", "calia"])
+        .unwrap();
+    for args in [
+        // The pod's address through interfaces that are no local workload's.
+        &[
+            "route",
+            "add",
+            "10.73.0.5/32",
+            "dev",
+            "caliother",
+            "metric",
+            "7",
+        ][..],
+        &[
+            "route",
+            "add",
+            "10.73.0.5/32",
+            "via",
+            "192.168.73.9",
+            "dev",
+            "eth0",
+            "metric",
+            "9",
+        ],
+        // Another destination through the workload's interface.
+        &["route", "add", "10.73.9.9/32", "dev", "calia"],
+        // BIRD's: the other node's block and the same /32 (learned over BGP).
+        &[
+            "route",
+            "add",
+            "10.73.1.0/26",
+            "via",
+            "192.168.73.2",
+            "proto",
+            "bird",
+            "metric",
+            "32",
+        ],
+        &[
+            "route",
+            "add",
+            "10.73.0.5/32",
+            "via",
+            "192.168.73.2",
+            "proto",
+            "bird",
+            "metric",
+            "32",
+        ],
+    ] {
+        ns.ip(args).unwrap();
+    }
+    let untouched = |ns: &Netns| {
+        let main = ns.ip(&["route", "show"]).unwrap();
+        for want in [
+            "10.73.0.5 dev caliother scope link metric 7",
+            "10.73.0.5 via 192.168.73.9 dev eth0 metric 9",
+            "10.73.9.9 dev calia scope link",
+            "10.73.1.0/26 via 192.168.73.2 dev eth0 proto bird metric 32",
+            "10.73.0.5 via 192.168.73.2 dev eth0 proto bird metric 32",
+        ] {
+            assert!(has_line(&main, want), "{want:?} in\n{main}");
+        }
+    };
+    let through_calia = |ns: &Netns| -> (Vec<String>, Vec<String>) {
+        let pick = |text: String, dst: &str| -> Vec<String> {
+            text.lines()
+                .map(str::trim)
+                .filter(|l| l.starts_with(&format!("{dst} ")) && l.contains(" dev calia "))
+                .map(String::from)
+                .collect()
+        };
+        (
+            pick(ns.ip(&["route", "show"]).unwrap(), "10.73.0.5"),
+            pick(ns.ip(&["-6", "route", "show"]).unwrap(), "fd00:73::5"),
+        )
+    };
+    let (v4, v6) = through_calia(&ns);
+    assert_eq!(v4, ["10.73.0.5 dev calia scope link"]);
+    assert_eq!(v6, ["fd00:73::5 dev calia metric 1024 pref medium"]);
+
+    let node = res(
+        "apiVersion: projectcalico.org/v3\nkind: Node\nmetadata:\n  name: nodea\nspec:\n  bgp:\n    ipv4Address: 192.168.73.1/24\n",
+    );
+    let pool = res(
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: flat}\nspec: {cidr: 10.73.0.0/16, vxlanMode: Never, ipipMode: Never, blockSize: 26}",
+    );
+    let wep = res("apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata:
+  name: nodea-k8s-poda-eth0
+  namespace: default
+spec:
+  orchestrator: k8s
+  node: nodea
+  pod: poda
+  endpoint: eth0
+  interfaceName: calia
+  ipNetworks: [10.73.0.5/32, fd00:73::5/128]
+  profiles: [kns.default]");
+    let mut graph = CalcGraph::new(CalcConfig {
+        hostname: "nodea".into(),
+        route_source: RouteSource::CalicoIpam,
+    });
+    for r in [node, pool, wep] {
+        graph.on_update(&r.key(), Some(r));
+    }
+    graph.on_ipam_block(c("10.73.0.0/26"), Some("nodea".into()));
+    graph.on_in_sync();
+    let batch = graph.flush();
+    let mut cfg = RoutingConfig::new("nodea");
+    cfg.ipv6 = true;
+    let routing = Routing::new(cfg);
+    let apply = |ns: &Netns, mut routing: Routing, batch: Vec<Message>| {
+        in_ns(ns, move || {
+            routing.on_messages(&batch);
+            (routing.apply().unwrap(), routing)
+        })
+    };
+    let (report, routing) = apply(&ns, routing, batch);
+    let r = &report.routes;
+    assert!(report.applied && !r.needs_retry(), "{report:#?}");
+    // Added: the pod's IPv4 route and the block's blackhole; the IPv6 CNI route has Felix's
+    // key, so it is replaced in place; the IPv4 one is taken over (deleted) after the add.
+    assert_eq!(
+        (r.added, r.replaced, r.taken_over, r.removed, r.errors),
+        (2, 1, 1, 0, 0),
+        "{r:#?}"
+    );
+    assert!(r.conflicts.is_empty(), "{r:#?}");
+    let (v4, v6) = through_calia(&ns);
+    assert_eq!(v4, ["10.73.0.5 dev calia proto 80 scope link metric 1024"]);
+    assert_eq!(
+        v6,
+        ["fd00:73::5 dev calia proto 80 metric 1024 pref medium"]
+    );
+    untouched(&ns);
+
+    // Converged: the next apply changes nothing.
+    let (report, routing) = apply(&ns, routing, vec![]);
+    let r = &report.routes;
+    assert!(!r.changed() && r.unchanged == 3, "{r:#?}");
+
+    // The CNI plugin adds its route again (a repeated ADD): taken over again.
+    cni_add(&ns);
+    let (report, _) = apply(&ns, routing, vec![]);
+    let r = &report.routes;
+    assert_eq!(
+        (r.added, r.replaced, r.taken_over, r.removed, r.unchanged),
+        (0, 0, 1, 0, 3),
+        "{r:#?}"
+    );
+    let (v4, v6) = through_calia(&ns);
+    assert_eq!(v4, ["10.73.0.5 dev calia proto 80 scope link metric 1024"]);
+    assert_eq!(v6.len(), 1, "{v6:?}");
+    untouched(&ns);
 }

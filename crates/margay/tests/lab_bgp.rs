@@ -439,17 +439,40 @@ fn mesh_peer_changes_address_mismatch_and_tor() {
         assert!(!b.is_empty(), "{n} has no block");
         blocks.insert(n, b);
     }
+    // Nothing but the blocks: a pod /32 at the ToR would mean a node exports a workload route
+    // besides its block (the CNI plugin's metric-0 route, below NormalRoutePriority, left next
+    // to Felix's: Felix takes over the routes through its workloads' interfaces).
+    let extra = |routes: &str| -> Vec<String> {
+        routes
+            .lines()
+            .filter(|l| !blocks.values().flatten().any(|b| has_block(l, b)))
+            .map(String::from)
+            .collect()
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let r = tor_routes();
-        if blocks.values().flatten().all(|b| has_block(&r, b)) {
+        if blocks.values().flatten().all(|b| has_block(&r, b)) && extra(&r).is_empty() {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "ToR lacks blocks {blocks:?}:\n{r}"
+            "the ToR should route exactly the blocks {blocks:?}; besides them: {:?}\n{r}",
+            extra(&r)
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+    // The reason, on the nodes: each pod has one route through its interface, Felix's.
+    for n in ["node1", "node2", "node3"] {
+        let all = lab.ip(n, &["route", "show"]);
+        let workload: Vec<&str> = all.lines().filter(|l| l.contains(" dev cali")).collect();
+        assert!(!workload.is_empty(), "{n} has no workload routes:\n{all}");
+        assert!(
+            workload
+                .iter()
+                .all(|l| l.contains(" proto 80 ") && l.trim_end().ends_with(" metric 1024")),
+            "{n} has workload routes besides Felix's:\n{all}"
+        );
     }
     // ... and withdraws node3's when node3's BIRD goes away.
     lab.stop_bird("node3");

@@ -18,10 +18,25 @@
 //! - IPIP pools are not supported (the kernel here has no IPIP): nothing is installed;
 //! - a route whose next hop is not known yet (no VTEP, no node address) is skipped until it is.
 //!
-//! Ownership is the route protocol: margay's routes carry protocol 80, Calico's value, and the
-//! [`RouteManager`] reads, replaces and deletes only main-table routes with that protocol.
-//! A route of anyone else is never touched, even when it is in the way (same destination and
-//! metric): that is reported as a conflict instead.
+//! Ownership (the route-ownership invariant):
+//! - margay's routes carry protocol 80, Calico's value, and the [`RouteManager`] reads,
+//!   replaces and deletes main-table routes with that protocol;
+//! - it also owns the routes through the host-side interfaces of its *local workloads* (those
+//!   it knows from local endpoints, no other interface, whatever its name): a main-table route
+//!   of another protocol through such an interface to one of that workload's addresses (the
+//!   CNI plugin's `<pod IP> dev caliXXX scope link`, metric 0, protocol boot) is deleted once
+//!   margay's own route to that address is in place — added first, then deleted, so the pod
+//!   never loses its route; one with margay's key is replaced in place. As in Calico, whose
+//!   route table owns its workload interfaces, the CNI plugin's route is transient: left in
+//!   place, its metric below 1024 would make BIRD export every pod's /32 besides the block.
+//!   Routes of protocol 0 (a delete with it would match any protocol) and BIRD's (`proto
+//!   bird`) are never taken over;
+//! - any other route is never touched, even when it is in the way (same destination and
+//!   metric): that is reported as a conflict instead. Every delete carries the protocol of
+//!   the route it deletes, so the kernel itself refuses to delete anything else.
+//!
+//! The diff between the desired routes and the kernel's table (`plan_routes`) is pure; the
+//! [`RouteManager`] only reads the table, plans and carries the plan out.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -564,7 +579,11 @@ pub struct RouteReport {
     pub added: usize,
     /// Routes of margay's whose details changed (replaced in place).
     pub replaced: usize,
+    /// Routes of margay's that nobody wants any more (deleted).
     pub removed: usize,
+    /// Routes of other protocols through a local workload's interface to its address (the
+    /// CNI plugin's), deleted once margay's route to the workload was in place.
+    pub taken_over: usize,
     pub unchanged: usize,
     /// Routes the kernel refused; `failures` says which and why.
     pub errors: usize,
@@ -574,8 +593,8 @@ pub struct RouteReport {
     pub missing_interfaces: BTreeSet<String>,
     /// Desired routes waiting for a missing interface.
     pub waiting: usize,
-    /// Desired routes not installed because a route margay does not own has the same
-    /// destination and metric.
+    /// Desired routes not installed because a route margay neither owns nor takes over has
+    /// the same destination and metric.
     pub conflicts: Vec<RouteKey>,
     pub duration: Duration,
 }
@@ -587,12 +606,12 @@ impl RouteReport {
     }
 
     pub fn changed(&self) -> bool {
-        self.added + self.replaced + self.removed > 0
+        self.added + self.replaced + self.removed + self.taken_over > 0
     }
 }
 
 /// A main-table route as read from the kernel.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct Observed {
     key: RouteKey,
     tos: u8,
@@ -720,15 +739,17 @@ fn route_message(r: &KernelRoute, oif: Option<u32>) -> RouteMessage {
     m
 }
 
-/// The netlink message that deletes exactly this (protocol-80) route.
+/// The netlink message that deletes exactly this route: margay's (protocol 80) or one it takes
+/// over (never protocol 0, which the kernel would read as "any protocol").
 fn delete_message(o: &Observed) -> RouteMessage {
     let mut m = RouteMessage::default();
     m.header.address_family = family_of(&o.key.dst);
     m.header.destination_prefix_length = o.key.dst.prefix();
     m.header.tos = o.tos;
     m.header.table = RouteHeader::RT_TABLE_MAIN;
-    // The kernel only deletes a route whose protocol matches: never someone else's.
-    m.header.protocol = RouteProtocol::from(ROUTE_PROTOCOL);
+    // The kernel only deletes a route whose protocol matches: never another protocol's route
+    // with the same destination (margay's own, or BIRD's).
+    m.header.protocol = RouteProtocol::from(o.protocol);
     m.header.scope = RouteScope::NoWhere;
     m.header.kind = o.kind;
     m.attributes
@@ -750,12 +771,198 @@ fn delete_message(o: &Observed) -> RouteMessage {
     m
 }
 
-/// Keeps the main table's protocol-80 routes equal to the desired set.
+/// BIRD's route protocol (`proto bird`): routes learned over BGP. margay never deletes one.
+const BIRD_PROTOCOL: u8 = 12;
+
+/// One route to add or replace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RouteWrite {
+    route: KernelRoute,
+    oif: Option<u32>,
+    /// A route with the same key is there already (margay's, or one margay takes over): the
+    /// kernel replaces it in place.
+    replacing: bool,
+}
+
+/// Why a kernel route is to go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RemovalKind {
+    /// margay's, and nobody wants it.
+    Unwanted,
+    /// margay's, and the first with the key of a route being written: the kernel replaces it
+    /// in place when that write succeeds, so it is deleted only when the write fails.
+    ReplacedBy(RouteKey),
+    /// Another protocol's route through a local workload's interface to one of that
+    /// workload's addresses (the CNI plugin's): deleted only once margay's route to this
+    /// destination is in place, so the workload is never without a route.
+    TakenOver(Cidr),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Removal {
+    route: Observed,
+    kind: RemovalKind,
+}
+
+/// The diff between the desired routes and the kernel's main table: what one apply does.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct RoutePlan {
+    /// Desired routes that are in place already.
+    unchanged: BTreeSet<RouteKey>,
+    /// Adds and replaces, in the order of the desired routes.
+    writes: Vec<RouteWrite>,
+    /// Deletions, done after every write (add first, then delete).
+    removals: Vec<Removal>,
+    missing_interfaces: BTreeSet<String>,
+    /// Desired routes waiting for a missing interface.
+    waiting: usize,
+    /// Desired routes left out because a route margay neither owns nor takes over has their
+    /// key.
+    conflicts: Vec<KernelRoute>,
+}
+
+/// Whether margay takes over `o`, a route of another protocol: it goes through the host-side
+/// interface of a local workload (`workload_nets`: interface index → that workload's
+/// addresses) to one of that workload's addresses. Calico's route table claims every route on
+/// its workload interfaces the same way; margay claims only those of workloads it knows.
+fn taken_over(o: &Observed, workload_nets: &HashMap<u32, BTreeSet<Cidr>>) -> bool {
+    // Protocol 0 in a delete request matches any protocol (margay's own route included), and
+    // BIRD's routes are never margay's to delete.
+    if o.protocol == ROUTE_PROTOCOL || o.protocol == 0 || o.protocol == BIRD_PROTOCOL {
+        return false;
+    }
+    o.oif
+        .and_then(|i| workload_nets.get(&i))
+        .is_some_and(|nets| nets.contains(&o.key.dst))
+}
+
+/// The pure diff: what makes the main table hold exactly `desired` as margay's routes.
+///
+/// `kernel` is the main table as read, `index_of` the interfaces by name, `workloads` the
+/// host-side interface and addresses of each local workload. IPv6 routes are ignored unless
+/// `ipv6`.
+fn plan_routes(
+    desired: &[KernelRoute],
+    kernel: &[Observed],
+    index_of: &HashMap<&str, u32>,
+    workloads: &[(String, Vec<Cidr>)],
+    ipv6: bool,
+) -> RoutePlan {
+    let mut plan = RoutePlan::default();
+    let mut workload_nets: HashMap<u32, BTreeSet<Cidr>> = HashMap::new();
+    for (ifname, nets) in workloads {
+        if let Some(i) = index_of.get(ifname.as_str()) {
+            workload_nets
+                .entry(*i)
+                .or_default()
+                .extend(nets.iter().copied());
+        }
+    }
+    let mut owned: BTreeMap<RouteKey, Vec<&Observed>> = BTreeMap::new();
+    let mut foreign: BTreeSet<RouteKey> = BTreeSet::new();
+    let mut claimed: Vec<&Observed> = Vec::new();
+    for o in kernel {
+        if !o.key.dst.is_ipv4() && !ipv6 {
+            continue;
+        }
+        if o.protocol == ROUTE_PROTOCOL {
+            owned.entry(o.key).or_default().push(o);
+        } else if taken_over(o, &workload_nets) {
+            claimed.push(o);
+        } else if o.tos == 0 {
+            foreign.insert(o.key);
+        }
+    }
+    let claimed_keys: BTreeSet<RouteKey> = claimed.iter().map(|o| o.key).collect();
+
+    let mut seen = BTreeSet::new();
+    // Observed routes of margay's to keep: (key, index in `owned[key]`).
+    let mut keep: BTreeSet<(RouteKey, usize)> = BTreeSet::new();
+    for want in desired {
+        if !want.dst.is_ipv4() && !ipv6 {
+            continue;
+        }
+        let key = want.key();
+        if !seen.insert(key) {
+            continue;
+        }
+        let oif = match want.ifname() {
+            None => None,
+            Some(name) => match index_of.get(name) {
+                Some(i) => Some(*i),
+                None => {
+                    plan.missing_interfaces.insert(name.to_string());
+                    plan.waiting += 1;
+                    continue;
+                }
+            },
+        };
+        let mine = owned.get(&key).map(Vec::as_slice).unwrap_or_default();
+        if let Some(i) = mine.iter().position(|o| same(want, oif, o)) {
+            keep.insert((key, i));
+            plan.unchanged.insert(key);
+            continue;
+        }
+        if foreign.contains(&key) {
+            plan.conflicts.push(want.clone());
+            continue;
+        }
+        if let Some(first) = mine.first() {
+            keep.insert((key, 0));
+            plan.removals.push(Removal {
+                route: (*first).clone(),
+                kind: RemovalKind::ReplacedBy(key),
+            });
+        }
+        plan.writes.push(RouteWrite {
+            route: want.clone(),
+            oif,
+            // A taken-over route with this key (IPv6 stores the CNI plugin's metric 0 as
+            // 1024, Felix's metric) is replaced in place, so the workload keeps a route
+            // throughout; its removal below then finds nothing.
+            replacing: !mine.is_empty() || claimed_keys.contains(&key),
+        });
+    }
+    for (key, list) in &owned {
+        for (i, o) in list.iter().enumerate() {
+            if !keep.contains(&(*key, i)) {
+                plan.removals.push(Removal {
+                    route: (*o).clone(),
+                    kind: RemovalKind::Unwanted,
+                });
+            }
+        }
+    }
+    for o in claimed {
+        plan.removals.push(Removal {
+            route: o.clone(),
+            kind: RemovalKind::TakenOver(o.key.dst),
+        });
+    }
+    plan
+}
+
+/// Whether a planned removal is to be carried out, given the keys the writes of this apply
+/// installed (`written`) and the destinations whose desired route is now in the kernel
+/// (`in_place`).
+fn removal_due(kind: RemovalKind, written: &BTreeSet<RouteKey>, in_place: &BTreeSet<Cidr>) -> bool {
+    match kind {
+        RemovalKind::Unwanted => true,
+        RemovalKind::ReplacedBy(key) => !written.contains(&key),
+        // Add first, then delete: never leave a workload without a route.
+        RemovalKind::TakenOver(dst) => in_place.contains(&dst),
+    }
+}
+
+/// Keeps the main table's protocol-80 routes equal to the desired set, and owns the routes
+/// through local workloads' interfaces.
 ///
 /// Each [`apply`](RouteManager::apply) reads the kernel's routes (so drift — routes deleted
-/// or changed behind margay's back — is repaired on the next apply), adds or replaces what
-/// differs and deletes the protocol-80 routes nobody wants. The netlink socket is opened in
-/// the calling thread's network namespace.
+/// or changed behind margay's back — is repaired on the next apply), plans the difference
+/// (`plan_routes`, pure) and carries it out: adds or replaces what differs, then deletes
+/// the protocol-80 routes nobody wants and the other protocols' routes to a local workload
+/// through its interface once margay's own route to that workload is in place. The netlink
+/// socket is opened in the calling thread's network namespace.
 #[derive(Debug, Default)]
 pub struct RouteManager {
     ipv6: bool,
@@ -773,10 +980,14 @@ impl RouteManager {
     }
 
     /// Makes the main table's protocol-80 routes exactly `desired` (IPv6 ones are ignored
-    /// unless the manager handles IPv6).
-    pub fn apply(&mut self, desired: &[KernelRoute]) -> Result<RouteReport, RouteError> {
+    /// unless the manager handles IPv6), and removes other protocols' routes through the
+    /// interfaces of `workloads` (host-side interface, addresses) to their addresses.
+    pub fn apply(
+        &mut self,
+        desired: &[KernelRoute],
+        workloads: &[(String, Vec<Cidr>)],
+    ) -> Result<RouteReport, RouteError> {
         let started = Instant::now();
-        let mut report = RouteReport::default();
         let mut nl = Netlink::open().map_err(nl_err("opening a netlink socket"))?;
         let links = nl.links().map_err(nl_err("listing links"))?;
         let index_of: HashMap<&str, u32> =
@@ -791,75 +1002,49 @@ impl RouteManager {
                     .map_err(nl_err("listing IPv6 routes"))?,
             );
         }
-        let mut owned: BTreeMap<RouteKey, Vec<Observed>> = BTreeMap::new();
-        let mut foreign: BTreeSet<RouteKey> = BTreeSet::new();
-        for m in &kernel {
-            let Some(o) = parse_route(m) else { continue };
-            if o.protocol == ROUTE_PROTOCOL {
-                owned.entry(o.key).or_default().push(o);
-            } else if o.tos == 0 {
-                foreign.insert(o.key);
+        let observed: Vec<Observed> = kernel.iter().filter_map(parse_route).collect();
+        let plan = plan_routes(desired, &observed, &index_of, workloads, self.ipv6);
+
+        let mut report = RouteReport {
+            unchanged: plan.unchanged.len(),
+            missing_interfaces: plan.missing_interfaces.clone(),
+            waiting: plan.waiting,
+            ..RouteReport::default()
+        };
+        let mut conflicts = BTreeSet::new();
+        for want in &plan.conflicts {
+            let key = want.key();
+            conflicts.insert(key);
+            if !self.warned_conflicts.contains(&key) {
+                tracing::warn!(
+                    route = %want,
+                    "a route margay does not own (another protocol) has the same destination and metric; leaving it alone and not installing margay's"
+                );
             }
         }
 
-        let mut seen = BTreeSet::new();
-        let mut conflicts = BTreeSet::new();
-        // Observed routes to keep: (key, index in `owned[key]`).
-        let mut keep: BTreeSet<(RouteKey, usize)> = BTreeSet::new();
-        for want in desired {
-            if !want.dst.is_ipv4() && !self.ipv6 {
-                continue;
-            }
-            let key = want.key();
-            if !seen.insert(key) {
-                continue;
-            }
-            let oif = match want.ifname() {
-                None => None,
-                Some(name) => match index_of.get(name) {
-                    Some(i) => Some(*i),
-                    None => {
-                        report.missing_interfaces.insert(name.to_string());
-                        report.waiting += 1;
-                        continue;
-                    }
-                },
-            };
-            let mine = owned.get(&key).map(Vec::as_slice).unwrap_or_default();
-            if let Some(i) = mine.iter().position(|o| same(want, oif, o)) {
-                keep.insert((key, i));
-                report.unchanged += 1;
-                continue;
-            }
-            if foreign.contains(&key) {
-                conflicts.insert(key);
-                if !self.warned_conflicts.contains(&key) {
-                    tracing::warn!(
-                        route = %want,
-                        "a route margay does not own (another protocol) has the same destination and metric; leaving it alone and not installing margay's"
-                    );
-                }
-                continue;
-            }
-            let replacing = !mine.is_empty();
+        // Destinations whose desired route is in the kernel: taken-over routes to them may go.
+        let mut in_place: BTreeSet<Cidr> = plan.unchanged.iter().map(|k| k.dst).collect();
+        let mut written: BTreeSet<RouteKey> = BTreeSet::new();
+        for w in &plan.writes {
             match nl.request(
                 NLM_F_CREATE | NLM_F_REPLACE,
-                RouteNetlinkMessage::NewRoute(route_message(want, oif)),
+                RouteNetlinkMessage::NewRoute(route_message(&w.route, w.oif)),
             ) {
                 Ok(()) => {
-                    if replacing {
-                        // The kernel replaced the first of them in place.
-                        keep.insert((key, 0));
+                    written.insert(w.route.key());
+                    in_place.insert(w.route.dst);
+                    if w.replacing {
                         report.replaced += 1;
-                        tracing::debug!(route = %want, "replaced route");
+                        tracing::debug!(route = %w.route, "replaced route");
                     } else {
                         report.added += 1;
-                        tracing::debug!(route = %want, "added route");
+                        tracing::debug!(route = %w.route, "added route");
                     }
                 }
                 Err(e) if e.raw_os_error() == Some(netlink::ENODEV) => {
                     // The interface went away since we listed the links.
-                    if let Some(name) = want.ifname() {
+                    if let Some(name) = w.route.ifname() {
                         report.missing_interfaces.insert(name.to_string());
                     }
                     report.waiting += 1;
@@ -867,34 +1052,41 @@ impl RouteManager {
                 Err(e) => {
                     report.errors += 1;
                     report.failures.push(RouteFailure {
-                        route: want.to_string(),
-                        operation: if replacing { "replace" } else { "add" },
+                        route: w.route.to_string(),
+                        operation: if w.replacing { "replace" } else { "add" },
                         error: e.to_string(),
                     });
                 }
             }
         }
 
-        for (key, list) in &owned {
-            for (i, o) in list.iter().enumerate() {
-                if keep.contains(&(*key, i)) {
-                    continue;
+        for r in &plan.removals {
+            if !removal_due(r.kind, &written, &in_place) {
+                if matches!(r.kind, RemovalKind::TakenOver(_)) {
+                    tracing::debug!(route = %r.route.key, protocol = r.route.protocol, "keeping a workload route of another protocol: margay's is not in place yet");
                 }
-                match nl.request(0, RouteNetlinkMessage::DelRoute(delete_message(o))) {
-                    Ok(()) => {
+                continue;
+            }
+            match nl.request(0, RouteNetlinkMessage::DelRoute(delete_message(&r.route))) {
+                Ok(()) => {
+                    if matches!(r.kind, RemovalKind::TakenOver(_)) {
+                        report.taken_over += 1;
+                        tracing::debug!(route = %r.route.key, protocol = r.route.protocol, "removed another protocol's route through a workload interface (margay's is in place)");
+                    } else {
                         report.removed += 1;
-                        tracing::debug!(route = %key, "removed route");
+                        tracing::debug!(route = %r.route.key, "removed route");
                     }
-                    // Gone already (its interface was deleted meanwhile).
-                    Err(e) if e.raw_os_error() == Some(netlink::ESRCH) => {}
-                    Err(e) => {
-                        report.errors += 1;
-                        report.failures.push(RouteFailure {
-                            route: key.to_string(),
-                            operation: "delete",
-                            error: e.to_string(),
-                        });
-                    }
+                }
+                // Gone already: its interface was deleted meanwhile, or it was the
+                // taken-over route a write replaced in place.
+                Err(e) if e.raw_os_error() == Some(netlink::ESRCH) => {}
+                Err(e) => {
+                    report.errors += 1;
+                    report.failures.push(RouteFailure {
+                        route: r.route.key.to_string(),
+                        operation: "delete",
+                        error: e.to_string(),
+                    });
                 }
             }
         }
@@ -919,6 +1111,7 @@ impl RouteManager {
                 added = report.added,
                 replaced = report.replaced,
                 removed = report.removed,
+                taken_over = report.taken_over,
                 unchanged = report.unchanged,
                 errors = report.errors,
                 waiting = report.waiting,
@@ -1320,6 +1513,179 @@ mod tests {
         assert!(!same(&dev("10.65.0.5/32", "cali1", 1024), Some(4), &o));
         let d = delete_message(&o);
         assert_eq!(u8::from(d.header.protocol), 80);
+    }
+
+    fn obs(dst: &str, priority: u32, protocol: u8, oif: u32) -> Observed {
+        Observed {
+            key: RouteKey {
+                dst: c(dst),
+                priority,
+            },
+            tos: 0,
+            protocol,
+            kind: RouteType::Unicast,
+            scope: RouteScope::Link,
+            oif: Some(oif),
+            gateway: None,
+            onlink: false,
+        }
+    }
+
+    const BOOT: u8 = 3;
+
+    #[test]
+    fn the_plan_takes_over_workload_routes_and_nothing_else() {
+        let index_of: HashMap<&str, u32> =
+            [("eth0", 2), ("cali1", 3), ("cali2", 4), ("caliother", 5)]
+                .into_iter()
+                .collect();
+        let workloads = vec![
+            (
+                "cali1".to_string(),
+                vec![c("10.65.0.5/32"), c("fd00:65::5/128")],
+            ),
+            (
+                "cali2".to_string(),
+                vec![c("10.65.0.6/32"), c("10.65.0.8/32")],
+            ),
+        ];
+        let desired = vec![
+            dev("10.65.0.5/32", "cali1", 1024),
+            dev("10.65.0.6/32", "cali2", 1024),
+            dev("10.65.0.8/32", "cali2", 1024),
+            dev("fd00:65::5/128", "cali1", 1024),
+        ];
+        let cni_v4 = obs("10.65.0.5/32", 0, BOOT, 3);
+        let cni_v4_b = obs("10.65.0.6/32", 0, BOOT, 4);
+        let cni_blocked = obs("10.65.0.8/32", 0, BOOT, 4);
+        // IPv6 stores the CNI plugin's metric 0 as 1024: margay's key.
+        let cni_v6 = obs("fd00:65::5/128", 1024, BOOT, 3);
+        let stale_mine = obs("10.65.0.5/32", 512, ROUTE_PROTOCOL, 3);
+        let kernel = vec![
+            cni_v4.clone(),
+            // Same destination through an interface that is no local workload's, even
+            // though its name looks like one: someone else's.
+            obs("10.65.0.5/32", 7, BOOT, 5),
+            obs("10.65.0.5/32", 9, BOOT, 2),
+            // BIRD's and protocol 0 are never taken over, even through a workload interface.
+            obs("10.65.0.5/32", 33, BIRD_PROTOCOL, 3),
+            obs("10.65.0.5/32", 44, 0, 3),
+            // Through a workload interface, but not to that workload's address.
+            obs("10.65.9.9/32", 0, BOOT, 3),
+            obs("10.65.0.6/32", 5, BOOT, 3),
+            obs("10.65.0.6/32", 1024, ROUTE_PROTOCOL, 4),
+            cni_v4_b.clone(),
+            // Someone else holds margay's key for 10.65.0.8 elsewhere: a conflict, and the
+            // CNI plugin's route to it must stay (margay's cannot go in).
+            obs("10.65.0.8/32", 1024, BOOT, 2),
+            cni_blocked.clone(),
+            cni_v6.clone(),
+            stale_mine.clone(),
+        ];
+        let plan = plan_routes(&desired, &kernel, &index_of, &workloads, true);
+        let key = |d: &str, p: u32| RouteKey {
+            dst: c(d),
+            priority: p,
+        };
+        assert_eq!(
+            plan.unchanged,
+            [key("10.65.0.6/32", 1024)].into_iter().collect()
+        );
+        assert_eq!(
+            plan.writes,
+            vec![
+                RouteWrite {
+                    route: dev("10.65.0.5/32", "cali1", 1024),
+                    oif: Some(3),
+                    replacing: false,
+                },
+                RouteWrite {
+                    route: dev("fd00:65::5/128", "cali1", 1024),
+                    oif: Some(3),
+                    replacing: true,
+                },
+            ]
+        );
+        assert_eq!(plan.conflicts, vec![dev("10.65.0.8/32", "cali2", 1024)]);
+        assert_eq!(
+            plan.removals,
+            vec![
+                Removal {
+                    route: stale_mine,
+                    kind: RemovalKind::Unwanted
+                },
+                Removal {
+                    route: cni_v4,
+                    kind: RemovalKind::TakenOver(c("10.65.0.5/32"))
+                },
+                Removal {
+                    route: cni_v4_b,
+                    kind: RemovalKind::TakenOver(c("10.65.0.6/32"))
+                },
+                Removal {
+                    route: cni_blocked,
+                    kind: RemovalKind::TakenOver(c("10.65.0.8/32"))
+                },
+                Removal {
+                    route: cni_v6.clone(),
+                    kind: RemovalKind::TakenOver(c("fd00:65::5/128"))
+                },
+            ]
+        );
+        assert!(plan.missing_interfaces.is_empty() && plan.waiting == 0);
+        // The delete carries the taken-over route's own protocol, so the kernel cannot match
+        // margay's route (or BIRD's) to the same destination with it.
+        let del = delete_message(&plan.removals[1].route);
+        assert_eq!(u8::from(del.header.protocol), BOOT);
+
+        // Add first, then delete: a taken-over route goes only once margay's route to its
+        // destination is in (unchanged, or written by this apply).
+        let in_place: BTreeSet<Cidr> = [c("10.65.0.6/32"), c("10.65.0.5/32")].into_iter().collect();
+        let written: BTreeSet<RouteKey> = [key("10.65.0.5/32", 1024)].into_iter().collect();
+        let due: Vec<bool> = plan
+            .removals
+            .iter()
+            .map(|r| removal_due(r.kind, &written, &in_place))
+            .collect();
+        // The IPv6 write failed: its taken-over route stays too.
+        assert_eq!(due, [true, true, true, false, false]);
+        let replaced = key("10.65.0.7/32", 0);
+        assert!(!removal_due(
+            RemovalKind::ReplacedBy(replaced),
+            &[replaced].into_iter().collect(),
+            &in_place
+        ));
+        assert!(removal_due(
+            RemovalKind::ReplacedBy(replaced),
+            &BTreeSet::new(),
+            &in_place
+        ));
+
+        // Without IPv6, IPv6 routes are neither written nor taken over.
+        let plan = plan_routes(&desired, &kernel, &index_of, &workloads, false);
+        assert_eq!(plan.writes.len(), 1);
+        assert!(!plan.removals.iter().any(|r| r.route == cni_v6));
+
+        // Not a local workload (no endpoint for it): its interface is no one's to take over.
+        let plan = plan_routes(&desired, &kernel, &index_of, &workloads[1..], true);
+        assert!(
+            !plan
+                .removals
+                .iter()
+                .any(|r| r.route.oif == Some(3) && r.kind != RemovalKind::Unwanted),
+            "{:#?}",
+            plan.removals
+        );
+        assert!(
+            plan.writes
+                .iter()
+                .any(|w| w.route.dst == c("10.65.0.5/32") && !w.replacing)
+        );
+        // fd00:65::5 now has a foreign route with margay's key: a conflict, as before.
+        assert!(
+            plan.conflicts
+                .contains(&dev("fd00:65::5/128", "cali1", 1024))
+        );
     }
 
     #[test]

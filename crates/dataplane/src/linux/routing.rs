@@ -193,7 +193,9 @@ impl Routing {
         };
         let desired = self.state.desired_routes(&ctx);
         report.skipped = desired.skipped;
-        report.routes = self.routes.apply(&desired.routes)?;
+        report.routes = self
+            .routes
+            .apply(&desired.routes, &self.state.local_endpoints())?;
         self.dirty = false;
         self.retry = report.needs_retry();
         Ok(report)
