@@ -1,24 +1,31 @@
 //! The datastore adapter: Calico's IPAM protocol over any `KvBackend`.
 //!
-//! Every write is compare-and-swap on the key's revision and retried (bounded) on conflict
-//! after re-reading. Order of writes, chosen so a crash at any point leaks nothing:
-//! - assign: the handle record is incremented before the block is written (a crash leaves a
-//!   handle that points at a block without its addresses — release by handle then frees
-//!   nothing and deletes the handle);
+//! Every write is compare-and-swap on the revisions read and retried (bounded) on conflict
+//! after re-reading. A block write and the handle-record change it implies are one
+//! transaction ([`KvBackend::txn`]), so handles and blocks agree whatever crashes:
+//! - assign: the block and the handle (created, or its count for the block raised);
+//! - release: the block and the handle (count lowered; deleted when it holds nothing);
 //! - claim: pending affinity, then the block (create: exactly one host wins), then the
-//!   affinity is confirmed; pending affinities count as absent;
-//! - release: the block first, then the handle record.
+//!   affinity is confirmed; pending affinities count as absent.
+//!
+//! Inside the host lock every round trip counts (each costs about as much as the work; see
+//! `examples/ipam_bench.rs`). An assignment reads everything it decides on — pools,
+//! reservations, configuration, the node, the host's affinities — in one read transaction,
+//! together with the block this process last assigned from for the host (a hint, checked like
+//! any read: the block must still be a confirmed affinity of the host), then writes once.
+//! Release by handle reads the handle with the hinted blocks, then writes once.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use margay_api::ippool::AllowedUse;
 use margay_api::net::Cidr;
 use margay_api::{Kind, Resource, ResourceKey};
-use margay_datastore::{Client, DatastoreError, KeyValue, KvBackend};
+use margay_datastore::keys::{kind_prefix, resource_path};
+use margay_datastore::{Compare, DatastoreError, KeyValue, KvBackend, TxnOp, TxnOpResult};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -36,6 +43,10 @@ pub const MAX_RETRIES: usize = 100;
 pub const DEFAULT_MAX_BLOCKS_PER_HOST: usize = 20;
 /// Candidate blocks examined per pool when claiming (bounds the walk over huge IPv6 pools).
 const MAX_CANDIDATES: usize = 1 << 20;
+/// The host's blocks read per round trip when looking for room (a block is up to ~16 KB).
+const BLOCK_READ_BATCH: usize = 4;
+/// Hinted blocks read along with a handle on release (bounds the bytes read on a guess).
+const MAX_RELEASE_HINTS: usize = 4;
 
 /// The effective IPAM configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -129,6 +140,19 @@ struct VersionContext<'a> {
     reservations: &'a [Cidr],
     config: &'a IpamConfig,
     affinities: &'a [KeyValue],
+    /// Blocks read with the context (the hints); None: the block did not exist.
+    blocks: &'a BTreeMap<Cidr, Option<KeyValue>>,
+}
+
+/// Everything an assignment decides on, read at one revision.
+struct AssignContext {
+    pools: Vec<PoolInfo>,
+    reservations: Vec<Cidr>,
+    config: IpamConfig,
+    labels: BTreeMap<String, String>,
+    affinities_v4: Vec<KeyValue>,
+    affinities_v6: Vec<KeyValue>,
+    blocks: BTreeMap<Cidr, Option<KeyValue>>,
 }
 
 /// Serialises this host's IPAM operations: an in-process mutex plus an advisory file lock
@@ -158,21 +182,38 @@ impl HostLock {
             path: path.display().to_string(),
             reason,
         };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| err(format!("cannot create its directory: {e}")))?;
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+        };
+        // The directory exists after the first call; only create it when opening says so.
+        let file = match open() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| err(format!("cannot create its directory: {e}")))?;
+                }
+                open()
+            }
+            other => other,
         }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| err(format!("cannot open: {e}")))?;
-        // Blocking: other processes hold it only for one IPAM operation.
-        let file = tokio::task::spawn_blocking(move || file.lock().map(|()| file))
-            .await
-            .map_err(|e| err(format!("lock task failed: {e}")))?
-            .map_err(|e| err(format!("cannot lock: {e}")))?;
+        .map_err(|e| err(format!("cannot open: {e}")))?;
+        // Uncontended across processes, the lock is taken at once without a trip through the
+        // blocking pool (that hand-off is a measurable share of a ~1 ms operation).
+        let file = match file.try_lock() {
+            Ok(()) => file,
+            Err(std::fs::TryLockError::WouldBlock) => {
+                // Blocking: other processes hold it only for one IPAM operation.
+                tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+                    .await
+                    .map_err(|e| err(format!("lock task failed: {e}")))?
+                    .map_err(|e| err(format!("cannot lock: {e}")))?
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(err(format!("cannot lock: {e}"))),
+        };
         Ok(HostLockGuard {
             _inner: inner,
             _file: file,
@@ -180,12 +221,47 @@ impl HostLock {
     }
 }
 
+/// What this process remembers between operations, all of it guesses that save reads: every
+/// use is checked (a hint block must be a confirmed affinity of the host in the same read; a
+/// remembered value is only written over with its revision as the condition), so a stale or
+/// foreign entry costs a retry, never correctness.
+#[derive(Default)]
+struct Hints {
+    /// The block this process last assigned from, per (host, IP version).
+    blocks: BTreeMap<(String, u8), Cidr>,
+    /// Values as this process last wrote them (blocks, handles), by key.
+    written: std::collections::HashMap<String, KeyValue>,
+}
+
+/// Remembered written values beyond which the memory starts afresh (handles of live pods
+/// are small; blocks are few).
+const MAX_REMEMBERED: usize = 4096;
+
+impl Hints {
+    fn remember(&mut self, resp: &margay_datastore::TxnResponse) {
+        if self.written.len() >= MAX_REMEMBERED {
+            self.written.clear();
+        }
+        for r in &resp.results {
+            match r {
+                TxnOpResult::Put(kv) => {
+                    self.written.insert(kv.key.clone(), kv.clone());
+                }
+                TxnOpResult::Delete(Some(kv)) => {
+                    self.written.remove(&kv.key);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
 /// IPAM over a datastore backend.
 #[derive(Clone)]
 pub struct Ipam<B> {
     kv: B,
-    resources: Client<B>,
     lock: Option<Arc<HostLock>>,
+    hints: Arc<Mutex<Hints>>,
 }
 
 fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, IpamError> {
@@ -198,6 +274,143 @@ fn decode<T: DeserializeOwned>(kv: &KeyValue) -> Result<T, IpamError> {
 fn encode<T: Serialize>(v: &T) -> Vec<u8> {
     // Serialising plain data with string keys cannot fail.
     serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn unexpected_answer() -> IpamError {
+    DatastoreError::invalid("a read transaction answered with results not matching its operations")
+        .into()
+}
+
+fn next_get(
+    results: &mut impl Iterator<Item = TxnOpResult>,
+) -> Result<Option<KeyValue>, IpamError> {
+    match results.next() {
+        Some(TxnOpResult::Get(kv)) => Ok(kv),
+        _ => Err(unexpected_answer()),
+    }
+}
+
+fn next_list(results: &mut impl Iterator<Item = TxnOpResult>) -> Result<Vec<KeyValue>, IpamError> {
+    match results.next() {
+        Some(TxnOpResult::List(kvs)) => Ok(kvs),
+        _ => Err(unexpected_answer()),
+    }
+}
+
+fn config_resource_key() -> ResourceKey {
+    ResourceKey {
+        kind: Kind::IPAMConfiguration,
+        namespace: String::new(),
+        name: "default".into(),
+    }
+}
+
+fn node_resource_key(host: &str) -> ResourceKey {
+    ResourceKey {
+        kind: Kind::Node,
+        namespace: String::new(),
+        name: host.to_string(),
+    }
+}
+
+/// The stored resources of `kind` among `kvs` (undecodable ones skipped, as a list does).
+fn resources_of(kind: Kind, kvs: &[KeyValue]) -> impl Iterator<Item = Resource> + '_ {
+    kvs.iter()
+        .filter_map(move |kv| match margay_datastore::client::decode(kv) {
+            Ok(r) if r.kind() == kind => Some(r),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(key = %kv.key, "ignoring undecodable {kind:?}: {e}");
+                None
+            }
+        })
+}
+
+/// Every usable IP pool among the stored ones (bad ones skipped with a warning).
+fn pools_from(kvs: &[KeyValue]) -> Vec<PoolInfo> {
+    let mut out = Vec::new();
+    for r in resources_of(Kind::IPPool, kvs) {
+        if let Resource::IPPool(p) = r {
+            match PoolInfo::from_resource(&p) {
+                Ok(info) => out.push(info),
+                Err(e) => tracing::warn!("ignoring IP pool: {e}"),
+            }
+        }
+    }
+    out
+}
+
+/// Every reserved CIDR among the stored IPReservations.
+fn reservations_from(kvs: &[KeyValue]) -> Vec<Cidr> {
+    let mut out = Vec::new();
+    for r in resources_of(Kind::IPReservation, kvs) {
+        if let Resource::IPReservation(res) = r {
+            for c in &res.spec.reserved_cidrs {
+                match Cidr::parse_cidr_or_ip(c) {
+                    Ok(c) => out.push(c.network()),
+                    Err(e) => {
+                        tracing::warn!(reservation = %res.metadata.name, "ignoring reserved CIDR: {e}")
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The v3 IPAMConfiguration `default` if present, else Calico's v1 config key, else defaults.
+fn config_from(v3: Option<&KeyValue>, v1: Option<&KeyValue>) -> Result<IpamConfig, IpamError> {
+    if let Some(kv) = v3
+        && let Resource::IPAMConfiguration(c) = margay_datastore::client::decode(kv)?
+    {
+        return Ok(IpamConfig {
+            strict_affinity: c.spec.strict_affinity,
+            auto_allocate_blocks: c.spec.auto_allocate_blocks,
+            max_blocks_per_host: usize::try_from(c.spec.max_blocks_per_host.unwrap_or(0))
+                .unwrap_or(0),
+        });
+    }
+    match v1 {
+        Some(kv) => {
+            let c: StoredIpamConfig = decode(kv)?;
+            Ok(IpamConfig {
+                strict_affinity: c.strict_affinity,
+                auto_allocate_blocks: c.auto_allocate_blocks,
+                max_blocks_per_host: usize::try_from(c.max_blocks_per_host).unwrap_or(0),
+            })
+        }
+        None => Ok(IpamConfig::default()),
+    }
+}
+
+/// The handle record's side of a block change of `delta` addresses: the condition that the
+/// record is still as read (`current`; None = absent), and its write (none when an absent
+/// record would stay empty; a delete when it becomes empty).
+fn handle_change(
+    key: &str,
+    current: Option<&KeyValue>,
+    block: &Cidr,
+    delta: i64,
+) -> Result<(Compare, Option<TxnOp>), IpamError> {
+    let (mut record, compare) = match current {
+        Some(kv) => (
+            decode::<IpamHandle>(kv)?,
+            Compare::ModRevision(key.to_string(), kv.mod_revision),
+        ),
+        None => (IpamHandle::default(), Compare::Absent(key.to_string())),
+    };
+    let name = block.to_string();
+    let count = record.block.entry(name.clone()).or_insert(0);
+    *count = (*count as i64 + delta).max(0) as usize;
+    if *count == 0 {
+        record.block.remove(&name);
+    }
+    let op = match (current.is_some(), record.block.is_empty()) {
+        (false, true) => None,
+        (true, true) => Some(TxnOp::delete(key)),
+        (_, false) => Some(TxnOp::put(key, encode(&record))),
+    };
+    Ok((compare, op))
 }
 
 fn is_conflict(e: &DatastoreError) -> bool {
@@ -223,10 +436,25 @@ async fn backoff(attempt: usize, spread: u64) {
 impl<B: KvBackend + Clone> Ipam<B> {
     pub fn new(kv: B) -> Ipam<B> {
         Ipam {
-            resources: Client::new(kv.clone()),
             kv,
             lock: None,
+            hints: Arc::default(),
         }
+    }
+
+    fn hints(&self) -> std::sync::MutexGuard<'_, Hints> {
+        // A hint map is valid in any state, so a poisoned lock is still usable.
+        self.hints.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads keys and prefixes at one revision, in one round trip.
+    async fn read(&self, ops: Vec<TxnOp>) -> Result<std::vec::IntoIter<TxnOpResult>, IpamError> {
+        let n = ops.len();
+        let results = self.kv.txn(Vec::new(), ops).await?.results;
+        if results.len() != n {
+            return Err(unexpected_answer());
+        }
+        Ok(results.into_iter())
     }
 
     /// Serialise this host's operations through `lock` (see [`HostLock`]).
@@ -251,83 +479,80 @@ impl<B: KvBackend + Clone> Ipam<B> {
     /// The IPAM configuration: the v3 IPAMConfiguration `default` if present, else Calico's
     /// v1 config key, else defaults.
     pub async fn config(&self) -> Result<IpamConfig, IpamError> {
-        let key = ResourceKey {
-            kind: Kind::IPAMConfiguration,
-            namespace: String::new(),
-            name: "default".into(),
-        };
-        // Both places at once: one round trip.
-        let (v3, v1) = tokio::join!(self.resources.get(&key), self.kv.get(CONFIG_KEY));
-        match v3 {
-            Ok(Resource::IPAMConfiguration(c)) => {
-                return Ok(IpamConfig {
-                    strict_affinity: c.spec.strict_affinity,
-                    auto_allocate_blocks: c.spec.auto_allocate_blocks,
-                    max_blocks_per_host: usize::try_from(c.spec.max_blocks_per_host.unwrap_or(0))
-                        .unwrap_or(0),
-                });
-            }
-            Ok(_) | Err(DatastoreError::NotFound { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
-        match v1? {
-            Some(kv) => {
-                let c: StoredIpamConfig = decode(&kv)?;
-                Ok(IpamConfig {
-                    strict_affinity: c.strict_affinity,
-                    auto_allocate_blocks: c.auto_allocate_blocks,
-                    max_blocks_per_host: usize::try_from(c.max_blocks_per_host).unwrap_or(0),
-                })
-            }
-            None => Ok(IpamConfig::default()),
-        }
+        let mut r = self
+            .read(vec![
+                TxnOp::get(resource_path(&config_resource_key())),
+                TxnOp::get(CONFIG_KEY),
+            ])
+            .await?;
+        let (v3, v1) = (next_get(&mut r)?, next_get(&mut r)?);
+        config_from(v3.as_ref(), v1.as_ref())
     }
 
     /// Every IP pool (bad ones skipped with a warning).
     pub async fn pools(&self) -> Result<Vec<PoolInfo>, IpamError> {
-        let listed = self.resources.list(Kind::IPPool, None, "").await?;
-        let mut out = Vec::new();
-        for r in listed.items {
-            if let Resource::IPPool(p) = r {
-                match PoolInfo::from_resource(&p) {
-                    Ok(info) => out.push(info),
-                    Err(e) => tracing::warn!("ignoring IP pool: {e}"),
-                }
-            }
-        }
-        Ok(out)
+        let listed = self.kv.list(&kind_prefix(Kind::IPPool, None, "")).await?;
+        Ok(pools_from(&listed.kvs))
     }
 
     /// Every reserved CIDR (IPReservation resources).
     pub async fn reservations(&self) -> Result<Vec<Cidr>, IpamError> {
-        let listed = self.resources.list(Kind::IPReservation, None, "").await?;
-        let mut out = Vec::new();
-        for r in listed.items {
-            if let Resource::IPReservation(res) = r {
-                for c in &res.spec.reserved_cidrs {
-                    match Cidr::parse_cidr_or_ip(c) {
-                        Ok(c) => out.push(c.network()),
-                        Err(e) => {
-                            tracing::warn!(reservation = %res.metadata.name, "ignoring reserved CIDR: {e}")
-                        }
-                    }
-                }
-            }
-        }
-        Ok(out)
+        let listed = self
+            .kv
+            .list(&kind_prefix(Kind::IPReservation, None, ""))
+            .await?;
+        Ok(reservations_from(&listed.kvs))
     }
 
-    async fn node_labels(&self, host: &str) -> Result<BTreeMap<String, String>, IpamError> {
-        let key = ResourceKey {
-            kind: Kind::Node,
-            namespace: String::new(),
-            name: host.to_string(),
+    /// Everything `args` needs decided, in one read: pools, reservations, configuration, the
+    /// node's labels, the host's affinities, and the hinted blocks.
+    async fn read_context(&self, args: &AssignArgs) -> Result<AssignContext, IpamError> {
+        let host = &args.hostname;
+        let hinted: Vec<Cidr> = {
+            let hints = self.hints();
+            [(4u8, args.num_v4), (6u8, args.num_v6)]
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .filter_map(|(v, _)| hints.blocks.get(&(host.clone(), v)).copied())
+                .collect()
         };
-        match self.resources.get(&key).await {
-            Ok(r) => Ok(r.metadata().labels.clone()),
-            Err(DatastoreError::NotFound { .. }) => Ok(BTreeMap::new()),
-            Err(e) => Err(e.into()),
+        let mut ops = vec![
+            TxnOp::list(kind_prefix(Kind::IPPool, None, "")),
+            TxnOp::list(kind_prefix(Kind::IPReservation, None, "")),
+            TxnOp::get(resource_path(&config_resource_key())),
+            TxnOp::get(CONFIG_KEY),
+            TxnOp::get(resource_path(&node_resource_key(host))),
+            TxnOp::list(host_affinities_prefix(host, 4)),
+            TxnOp::list(host_affinities_prefix(host, 6)),
+        ];
+        ops.extend(hinted.iter().map(|c| TxnOp::get(block_key(c))));
+        let mut r = self.read(ops).await?;
+        let pools = pools_from(&next_list(&mut r)?);
+        let reservations = reservations_from(&next_list(&mut r)?);
+        let (v3, v1) = (next_get(&mut r)?, next_get(&mut r)?);
+        let config = config_from(v3.as_ref(), v1.as_ref())?;
+        let labels = match next_get(&mut r)? {
+            Some(kv) => margay_datastore::client::decode(&kv)?
+                .metadata()
+                .labels
+                .clone(),
+            None => BTreeMap::new(),
+        };
+        let affinities_v4 = next_list(&mut r)?;
+        let affinities_v6 = next_list(&mut r)?;
+        let mut blocks = BTreeMap::new();
+        for c in hinted {
+            blocks.insert(c, next_get(&mut r)?);
         }
+        Ok(AssignContext {
+            pools,
+            reservations,
+            config,
+            labels,
+            affinities_v4,
+            affinities_v6,
+            blocks,
+        })
     }
 
     // ---- assignment ---------------------------------------------------------------------
@@ -336,17 +561,15 @@ impl<B: KvBackend + Clone> Ipam<B> {
     /// failure, whatever was assigned is released again.
     pub async fn auto_assign(&self, args: &AssignArgs) -> Result<Assigned, IpamError> {
         let _guard = self.guard().await?;
-        // Independent reads: one round trip instead of four.
-        let (pools, reservations, config, labels, aff_v4, aff_v6) = tokio::join!(
-            self.pools(),
-            self.reservations(),
-            self.config(),
-            self.node_labels(&args.hostname),
-            self.affinities_if(args.num_v4 > 0, &args.hostname, 4),
-            self.affinities_if(args.num_v6 > 0, &args.hostname, 6),
-        );
-        let (pools, reservations, config, labels) = (pools?, reservations?, config?, labels?);
-        let (aff_v4, aff_v6) = (aff_v4?, aff_v6?);
+        let AssignContext {
+            pools,
+            reservations,
+            config,
+            labels,
+            affinities_v4: aff_v4,
+            affinities_v6: aff_v6,
+            blocks,
+        } = self.read_context(args).await?;
         let mut out = Assigned::default();
         for (version, n, requested) in [
             (4u8, args.num_v4, &args.v4_pools),
@@ -370,12 +593,19 @@ impl<B: KvBackend + Clone> Ipam<B> {
                     reservations: &reservations,
                     config: &config,
                     affinities,
+                    blocks: &blocks,
                 };
                 self.assign_version(n, args, &ctx).await
             }
             .await;
             match result {
                 Ok(ips) => {
+                    // Next time, read the block this assignment ended in along with the context.
+                    if let Some(last) = ips.last() {
+                        self.hints()
+                            .blocks
+                            .insert((args.hostname.clone(), version), last.block);
+                    }
                     if version == 4 {
                         out.v4 = ips;
                     } else {
@@ -417,6 +647,7 @@ impl<B: KvBackend + Clone> Ipam<B> {
             reservations,
             config,
             affinities,
+            blocks,
         } = *ctx;
         let host = &args.hostname;
         let in_pools = |c: &Cidr| {
@@ -434,8 +665,11 @@ impl<B: KvBackend + Clone> Ipam<B> {
                 .collect()
         };
 
-        // 1. Blocks this host owns (confirmed affinities).
+        // 1. Blocks this host owns (confirmed affinities). The ones read with the context go
+        // first (the hint: usually the one with room); the others are read a few per round
+        // trip, rather than one by one, since full blocks before the free one are common.
         let mut owned = 0usize;
+        let mut usable: Vec<Cidr> = Vec::new();
         for kv in affinities {
             let Some(cidr) = cidr_of_key(&kv.key) else {
                 continue;
@@ -451,14 +685,53 @@ impl<B: KvBackend + Clone> Ipam<B> {
                 continue;
             }
             owned += 1;
-            if got.len() >= n || !in_pools(&cidr) {
-                continue;
+            if in_pools(&cidr) {
+                usable.push(cidr);
+            }
+        }
+        usable.sort_by_key(|c| !blocks.contains_key(c));
+        let mut read = blocks.clone();
+        for (i, cidr) in usable.iter().enumerate() {
+            if got.len() >= n {
+                break;
+            }
+            if !read.contains_key(cidr) {
+                let batch: Vec<Cidr> = usable[i..]
+                    .iter()
+                    .filter(|c| !read.contains_key(c))
+                    .take(BLOCK_READ_BATCH)
+                    .copied()
+                    .collect();
+                let fetched = async {
+                    let mut r = self
+                        .read(batch.iter().map(|c| TxnOp::get(block_key(c))).collect())
+                        .await?;
+                    batch
+                        .iter()
+                        .map(|c| Ok((*c, next_get(&mut r)?)))
+                        .collect::<Result<Vec<_>, IpamError>>()
+                }
+                .await;
+                match fetched {
+                    Ok(f) => read.extend(f),
+                    Err(e) => {
+                        let _ = self.release_unlocked(&release_all(&got)).await;
+                        return Err(e);
+                    }
+                }
             }
             let ips = self
-                .assign_from_block(&cidr, n - got.len(), args, reservations, Some(host))
+                .assign_from_block(
+                    cidr,
+                    n - got.len(),
+                    args,
+                    reservations,
+                    Some(host),
+                    read.remove(cidr),
+                )
                 .await;
             match ips {
-                Ok(ips) => got.extend(ips.into_iter().map(|ip| AssignedIp { ip, block: cidr })),
+                Ok(ips) => got.extend(ips.into_iter().map(|ip| AssignedIp { ip, block: *cidr })),
                 Err(e) => {
                     let _ = self.release_unlocked(&release_all(&got)).await;
                     return Err(e);
@@ -508,6 +781,7 @@ impl<B: KvBackend + Clone> Ipam<B> {
                             args,
                             reservations,
                             Some(host),
+                            None,
                         )
                         .await
                     {
@@ -545,7 +819,7 @@ impl<B: KvBackend + Clone> Ipam<B> {
                     break;
                 }
                 match self
-                    .assign_from_block(&cidr, n - got.len(), args, reservations, None)
+                    .assign_from_block(&cidr, n - got.len(), args, reservations, None, None)
                     .await
                 {
                     Ok(ips) => got.extend(ips.into_iter().map(|ip| AssignedIp { ip, block: cidr })),
@@ -580,6 +854,7 @@ impl<B: KvBackend + Clone> Ipam<B> {
 
     /// Takes up to `n` addresses from one block. `only_if_host`: skip the block unless it is
     /// still affine to that host (it may have been released and re-claimed by another).
+    /// `prefetched`: the block as read with the context, used for the first attempt.
     async fn assign_from_block(
         &self,
         cidr: &Cidr,
@@ -587,77 +862,67 @@ impl<B: KvBackend + Clone> Ipam<B> {
         args: &AssignArgs,
         reservations: &[Cidr],
         only_if_host: Option<&str>,
+        prefetched: Option<Option<KeyValue>>,
     ) -> Result<Vec<IpAddr>, IpamError> {
         let key = block_key(cidr);
+        let hkey = handle_key(&args.handle);
         let reserved = |ip: IpAddr| is_reserved(ip, reservations);
         let spread = host_seed(&args.handle);
-        let mut handle_claimed = 0usize;
-        let mut result = Err(IpamError::TooManyRetries {
-            what: format!("assigning from block {cidr}"),
-            attempts: MAX_RETRIES,
-        });
+        // A prefetched block comes without the handle: assume a new handle (a new pod), which
+        // the write's condition checks; on any conflict both are read again, in one read.
+        let mut known = prefetched.map(|block| (block, None));
         for attempt in 0..MAX_RETRIES {
             backoff(attempt, spread).await;
-            let Some(kv) = self.kv.get(&key).await? else {
-                if only_if_host.is_some() {
+            let (block_kv, handle_kv) = match known.take() {
+                Some(k) => k,
+                None => {
+                    let mut r = self.read(vec![TxnOp::get(&key), TxnOp::get(&hkey)]).await?;
+                    (next_get(&mut r)?, next_get(&mut r)?)
+                }
+            };
+            let Some(kv) = block_kv else {
+                if let Some(host) = only_if_host {
                     // Affine but missing: a claim that crashed before creating the block.
-                    let host = only_if_host.unwrap_or_default();
                     let block = AllocationBlock::new(*cidr, Some(host));
                     match self.kv.create(&key, encode(&block), None).await {
                         Ok(_) | Err(DatastoreError::AlreadyExists { .. }) => continue,
-                        Err(e) => {
-                            result = Err(e.into());
-                            break;
-                        }
+                        Err(e) => return Err(e.into()),
                     }
                 }
-                result = Ok(Vec::new());
-                break;
+                return Ok(Vec::new());
             };
             let mut block: AllocationBlock = decode(&kv)?;
             if block.deleted
                 || block.free_count() == 0
                 || only_if_host.is_some_and(|h| block.host() != Some(h))
             {
-                result = Ok(Vec::new());
-                break;
+                return Ok(Vec::new());
             }
             let taken = block.assign(n, &args.handle, &args.attrs, &reserved);
             if taken.is_empty() {
-                result = Ok(Vec::new());
-                break;
+                return Ok(Vec::new());
             }
-            if handle_claimed < taken.len() {
-                self.handle_add(&args.handle, cidr, (taken.len() - handle_claimed) as i64)
-                    .await?;
-                handle_claimed = taken.len();
-            }
-            match self
-                .kv
-                .update(&key, encode(&block), Some(kv.mod_revision), None)
-                .await
-            {
-                Ok(_) => {
-                    result = Ok(taken);
-                    break;
+            let (handle_cmp, handle_op) =
+                handle_change(&hkey, handle_kv.as_ref(), cidr, taken.len() as i64)?;
+            let compares = vec![
+                Compare::ModRevision(key.clone(), kv.mod_revision),
+                handle_cmp,
+            ];
+            let mut ops = vec![TxnOp::put(&key, encode(&block))];
+            ops.extend(handle_op);
+            match self.kv.txn(compares, ops).await {
+                Ok(resp) => {
+                    self.hints().remember(&resp);
+                    return Ok(taken);
                 }
                 Err(e) if is_conflict(&e) => continue,
-                Err(e) => {
-                    result = Err(e.into());
-                    break;
-                }
+                Err(e) => return Err(e.into()),
             }
         }
-        // Keep the handle's count exact: give back what was counted but not taken.
-        let taken = result.as_ref().map_or(0, Vec::len);
-        if handle_claimed > taken
-            && let Err(e) = self
-                .handle_add(&args.handle, cidr, taken as i64 - handle_claimed as i64)
-                .await
-        {
-            tracing::warn!("correcting handle {} after assignment: {e}", args.handle);
-        }
-        result
+        Err(IpamError::TooManyRetries {
+            what: format!("assigning from block {cidr}"),
+            attempts: MAX_RETRIES,
+        })
     }
 
     /// Claims an unowned block for `host`: pending affinity, block create, confirm. Returns
@@ -709,86 +974,11 @@ impl<B: KvBackend + Clone> Ipam<B> {
         Ok(true)
     }
 
-    /// The host's affinity records for one IP version (empty when not needed).
-    async fn affinities_if(
-        &self,
-        needed: bool,
-        host: &str,
-        version: u8,
-    ) -> Result<Vec<KeyValue>, IpamError> {
-        if !needed {
-            return Ok(Vec::new());
-        }
-        Ok(self
-            .kv
-            .list(&host_affinities_prefix(host, version))
-            .await?
-            .kvs)
-    }
-
     async fn delete_if_present(&self, key: &str) -> Result<(), IpamError> {
         match self.kv.delete(key, None).await {
             Ok(_) | Err(DatastoreError::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
-    }
-
-    /// Adds `delta` to the handle's count for `block`, creating or deleting the record.
-    async fn handle_add(&self, handle: &str, block: &Cidr, delta: i64) -> Result<(), IpamError> {
-        if delta == 0 {
-            return Ok(());
-        }
-        let key = handle_key(handle);
-        let block_name = block.to_string();
-        if delta > 0 {
-            // Usually a new handle (a new pod): try to create it without reading first.
-            let record = IpamHandle {
-                block: BTreeMap::from([(block_name.clone(), delta as usize)]),
-                ..IpamHandle::default()
-            };
-            match self.kv.create(&key, encode(&record), None).await {
-                Ok(_) => return Ok(()),
-                Err(DatastoreError::AlreadyExists { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        for attempt in 0..MAX_RETRIES {
-            backoff(attempt, host_seed(handle)).await;
-            let current = self.kv.get(&key).await?;
-            let (mut record, rev) = match &current {
-                Some(kv) => (decode::<IpamHandle>(kv)?, Some(kv.mod_revision)),
-                None => (IpamHandle::default(), None),
-            };
-            let count = record.block.entry(block_name.clone()).or_insert(0);
-            let new = (*count as i64 + delta).max(0) as usize;
-            *count = new;
-            if new == 0 {
-                record.block.remove(&block_name);
-            }
-            let outcome = match (rev, record.block.is_empty()) {
-                (None, true) => return Ok(()),
-                (None, false) => self
-                    .kv
-                    .create(&key, encode(&record), None)
-                    .await
-                    .map(|_| ()),
-                (Some(r), true) => self.kv.delete(&key, Some(r)).await.map(|_| ()),
-                (Some(r), false) => self
-                    .kv
-                    .update(&key, encode(&record), Some(r), None)
-                    .await
-                    .map(|_| ()),
-            };
-            match outcome {
-                Ok(()) => return Ok(()),
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(IpamError::TooManyRetries {
-            what: format!("updating handle {handle}"),
-            attempts: MAX_RETRIES,
-        })
     }
 
     /// Assigns one specific address to `handle` (a static request, or a tunnel address).
@@ -811,22 +1001,19 @@ impl<B: KvBackend + Clone> Ipam<B> {
         }
         let cidr = pool.block_of(ip).ok_or(IpamError::NotInPool { ip })?;
         let key = block_key(&cidr);
-        let mut counted = false;
+        let hkey = handle_key(handle);
         for attempt in 0..MAX_RETRIES {
             backoff(attempt, host_seed(handle)).await;
-            let Some(kv) = self.kv.get(&key).await? else {
+            let mut r = self.read(vec![TxnOp::get(&key), TxnOp::get(&hkey)]).await?;
+            let (block_kv, handle_kv) = (next_get(&mut r)?, next_get(&mut r)?);
+            let Some(kv) = block_kv else {
                 // Nobody has the block yet: claim it for this host (or, failing that, retry
                 // with whoever created it).
-                if !self.claim_block(hostname, &cidr).await? {
-                    continue;
-                }
+                self.claim_block(hostname, &cidr).await?;
                 continue;
             };
             let mut block: AllocationBlock = decode(&kv)?;
             if let Err(e) = block.assign_ip(ip, handle, attrs) {
-                if counted {
-                    self.handle_add(handle, &cidr, -1).await.ok();
-                }
                 return Err(match e {
                     crate::block::AssignError::InUse { ip, handle } => {
                         IpamError::InUse { ip, handle }
@@ -834,25 +1021,21 @@ impl<B: KvBackend + Clone> Ipam<B> {
                     crate::block::AssignError::NotInBlock { ip, .. } => IpamError::NotInPool { ip },
                 });
             }
-            if !counted {
-                self.handle_add(handle, &cidr, 1).await?;
-                counted = true;
-            }
-            match self
-                .kv
-                .update(&key, encode(&block), Some(kv.mod_revision), None)
-                .await
-            {
-                Ok(_) => return Ok(AssignedIp { ip, block: cidr }),
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => {
-                    self.handle_add(handle, &cidr, -1).await.ok();
-                    return Err(e.into());
+            let (handle_cmp, handle_op) = handle_change(&hkey, handle_kv.as_ref(), &cidr, 1)?;
+            let compares = vec![
+                Compare::ModRevision(key.clone(), kv.mod_revision),
+                handle_cmp,
+            ];
+            let mut ops = vec![TxnOp::put(&key, encode(&block))];
+            ops.extend(handle_op);
+            match self.kv.txn(compares, ops).await {
+                Ok(resp) => {
+                    self.hints().remember(&resp);
+                    return Ok(AssignedIp { ip, block: cidr });
                 }
+                Err(e) if is_conflict(&e) => continue,
+                Err(e) => return Err(e.into()),
             }
-        }
-        if counted {
-            self.handle_add(handle, &cidr, -1).await.ok();
         }
         Err(IpamError::TooManyRetries {
             what: format!("assigning {ip}"),
@@ -948,17 +1131,23 @@ impl<B: KvBackend + Clone> Ipam<B> {
             if released.is_empty() {
                 return Ok(released);
             }
-            match self
-                .kv
-                .update(&key, encode(&block), Some(kv.mod_revision), None)
-                .await
-            {
-                Ok(_) => {
-                    for (h, n) in handles {
-                        if let Err(e) = self.handle_add(&h, cidr, -n).await {
-                            tracing::warn!(handle = %h, "updating handle after release: {e}");
-                        }
-                    }
+            // The block and the records of the handles it frees addresses of, in one write.
+            let hkeys: Vec<(String, i64)> =
+                handles.iter().map(|(h, n)| (handle_key(h), *n)).collect();
+            let mut r = self
+                .read(hkeys.iter().map(|(k, _)| TxnOp::get(k)).collect())
+                .await?;
+            let mut compares = vec![Compare::ModRevision(key.clone(), kv.mod_revision)];
+            let mut ops = vec![TxnOp::put(&key, encode(&block))];
+            for (hkey, n) in &hkeys {
+                let current = next_get(&mut r)?;
+                let (c, op) = handle_change(hkey, current.as_ref(), cidr, -n)?;
+                compares.push(c);
+                ops.extend(op);
+            }
+            match self.kv.txn(compares, ops).await {
+                Ok(resp) => {
+                    self.hints().remember(&resp);
                     return Ok(released);
                 }
                 Err(e) if is_conflict(&e) => continue,
@@ -975,93 +1164,105 @@ impl<B: KvBackend + Clone> Ipam<B> {
     /// nothing (not an error: release is idempotent).
     pub async fn release_by_handle(&self, handle: &str) -> Result<Vec<IpAddr>, IpamError> {
         let _guard = self.guard().await?;
-        let key = handle_key(handle);
-        let Some(kv) = self.kv.get(&key).await? else {
-            return Ok(Vec::new());
+        let hkey = handle_key(handle);
+        // The blocks recent assignments came from: usually where the handle's addresses are.
+        let hinted: Vec<Cidr> = {
+            let hints = self.hints();
+            let set: BTreeSet<Cidr> = hints.blocks.values().copied().collect();
+            set.into_iter().take(MAX_RELEASE_HINTS).collect()
         };
-        let record: IpamHandle = decode(&kv)?;
-        let mut released = Vec::new();
-        for block_name in record.block.keys() {
-            let Ok(cidr) = Cidr::parse(block_name) else {
-                continue;
-            };
-            let bkey = block_key(&cidr);
-            let mut done = false;
-            for attempt in 0..MAX_RETRIES {
-                backoff(attempt, host_seed(handle)).await;
-                let Some(bkv) = self.kv.get(&bkey).await? else {
-                    done = true;
-                    break;
-                };
-                let mut block: AllocationBlock = decode(&bkv)?;
-                let ips = block.release_handle(handle);
-                if ips.is_empty() {
-                    done = true;
-                    break;
-                }
-                match self
-                    .kv
-                    .update(&bkey, encode(&block), Some(bkv.mod_revision), None)
-                    .await
-                {
-                    Ok(_) => {
-                        released.extend(ips);
-                        done = true;
-                        break;
-                    }
-                    Err(e) if is_conflict(&e) => continue,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            if !done {
-                return Err(IpamError::TooManyRetries {
-                    what: format!("releasing handle {handle} from block {cidr}"),
-                    attempts: MAX_RETRIES,
-                });
-            }
-        }
-        // Every block is clean of the handle: drop the record, unless it changed meanwhile
-        // (e.g. a concurrent assignment to the same handle), which the revision check sees.
-        match self.kv.delete(&key, Some(kv.mod_revision)).await {
-            Ok(_) | Err(DatastoreError::NotFound { .. }) => return Ok(released),
-            Err(DatastoreError::Conflict { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
+        // When this process wrote the handle and its blocks last (a pod it assigned), try
+        // the release on those values without reading; the conditions catch any change.
+        let mut remembered = self.remembered_handle(&hkey);
         for attempt in 0..MAX_RETRIES {
             backoff(attempt, host_seed(handle)).await;
-            let Some(kv) = self.kv.get(&key).await? else {
-                break;
+            let (hkv, mut blocks) = match remembered.take() {
+                Some(r) => r,
+                None => {
+                    let mut ops = vec![TxnOp::get(&hkey)];
+                    ops.extend(hinted.iter().map(|c| TxnOp::get(block_key(c))));
+                    let mut r = self.read(ops).await?;
+                    let Some(hkv) = next_get(&mut r)? else {
+                        return Ok(Vec::new());
+                    };
+                    let mut blocks: BTreeMap<Cidr, Option<KeyValue>> = BTreeMap::new();
+                    for c in &hinted {
+                        blocks.insert(*c, next_get(&mut r)?);
+                    }
+                    (hkv, blocks)
+                }
             };
-            let current: IpamHandle = decode(&kv)?;
-            let still_used = self.handle_in_use(handle, &current).await?;
-            if still_used {
-                break;
+            let record: IpamHandle = decode(&hkv)?;
+            let named: BTreeSet<Cidr> = record
+                .block
+                .keys()
+                .filter_map(|b| Cidr::parse(b).ok())
+                .collect();
+            let unread: Vec<Cidr> = named
+                .iter()
+                .filter(|c| !blocks.contains_key(c))
+                .copied()
+                .collect();
+            if !unread.is_empty() {
+                let mut r = self
+                    .read(unread.iter().map(|c| TxnOp::get(block_key(c))).collect())
+                    .await?;
+                for c in unread {
+                    blocks.insert(c, next_get(&mut r)?);
+                }
             }
-            match self.kv.delete(&key, Some(kv.mod_revision)).await {
-                Ok(_) | Err(DatastoreError::NotFound { .. }) => break,
-                Err(DatastoreError::Conflict { .. }) => continue,
+            // Every block's addresses of the handle and the record itself, in one write; the
+            // record's revision in the condition means a concurrent assignment to the same
+            // handle makes this read again (and release that too).
+            let mut compares = vec![Compare::ModRevision(hkey.clone(), hkv.mod_revision)];
+            let mut ops = Vec::new();
+            let mut released = Vec::new();
+            for cidr in &named {
+                let Some(Some(bkv)) = blocks.get(cidr) else {
+                    continue;
+                };
+                let mut block: AllocationBlock = decode(bkv)?;
+                let ips = block.release_handle(handle);
+                if ips.is_empty() {
+                    continue;
+                }
+                let bkey = block_key(cidr);
+                compares.push(Compare::ModRevision(bkey.clone(), bkv.mod_revision));
+                ops.push(TxnOp::put(bkey, encode(&block)));
+                released.extend(ips);
+            }
+            ops.push(TxnOp::delete(&hkey));
+            match self.kv.txn(compares, ops).await {
+                Ok(resp) => {
+                    self.hints().remember(&resp);
+                    return Ok(released);
+                }
+                Err(e) if is_conflict(&e) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
-        Ok(released)
+        Err(IpamError::TooManyRetries {
+            what: format!("releasing handle {handle}"),
+            attempts: MAX_RETRIES,
+        })
     }
 
-    async fn handle_in_use(&self, handle: &str, record: &IpamHandle) -> Result<bool, IpamError> {
-        for block_name in record.block.keys() {
-            let Ok(cidr) = Cidr::parse(block_name) else {
-                continue;
-            };
-            if let Some(kv) = self.kv.get(&block_key(&cidr)).await? {
-                let block: AllocationBlock = decode(&kv)?;
-                if block
-                    .allocated()
-                    .any(|a| a.attribute.handle_id.as_deref() == Some(handle))
-                {
-                    return Ok(true);
-                }
-            }
+    /// The handle record and every block it names, as this process last wrote them, if it
+    /// remembers all of them.
+    fn remembered_handle(
+        &self,
+        hkey: &str,
+    ) -> Option<(KeyValue, BTreeMap<Cidr, Option<KeyValue>>)> {
+        let hints = self.hints();
+        let hkv = hints.written.get(hkey)?;
+        let record: IpamHandle = decode(hkv).ok()?;
+        let mut blocks = BTreeMap::new();
+        for name in record.block.keys() {
+            let cidr = Cidr::parse(name).ok()?;
+            let bkv = hints.written.get(&block_key(&cidr))?;
+            blocks.insert(cidr, Some(bkv.clone()));
         }
-        Ok(false)
+        Some((hkv.clone(), blocks))
     }
 
     /// The addresses `handle` holds.

@@ -5,10 +5,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::time::Duration;
 
 use margay_api::ippool::IPPoolSpec;
 use margay_api::{IPPool, IPReservation, ObjectMeta, Resource};
-use margay_datastore::{Client, MemBackend};
+use margay_datastore::{
+    Client, Compare, KeyValue, KvBackend, ListResult, MemBackend, TxnOp, TxnResponse, Watch,
+};
 use margay_ipam::{AssignArgs, Ipam, IpamError, ReleaseIp, Users, check};
 use proptest::prelude::*;
 
@@ -334,4 +337,208 @@ async fn specific_addresses_and_sequence_numbers() {
         vec![ip]
     );
     assert!(ipam.handles().await.unwrap().is_empty());
+}
+
+/// A backend whose write transactions fail now and then: before anything is written, or after
+/// (the acknowledgement lost: applied, but the caller sees an error).
+#[derive(Clone)]
+struct Flaky {
+    inner: MemBackend,
+    writes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+fn unavailable() -> margay_datastore::DatastoreError {
+    margay_datastore::DatastoreError::unavailable("injected failure")
+}
+
+impl KvBackend for Flaky {
+    async fn get(&self, key: &str) -> margay_datastore::Result<Option<KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn list(&self, prefix: &str) -> margay_datastore::Result<ListResult> {
+        self.inner.list(prefix).await
+    }
+    async fn create(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        ttl: Option<Duration>,
+    ) -> margay_datastore::Result<KeyValue> {
+        self.inner.create(key, value, ttl).await
+    }
+    async fn update(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected: Option<i64>,
+        ttl: Option<Duration>,
+    ) -> margay_datastore::Result<KeyValue> {
+        self.inner.update(key, value, expected, ttl).await
+    }
+    async fn delete(&self, key: &str, expected: Option<i64>) -> margay_datastore::Result<KeyValue> {
+        self.inner.delete(key, expected).await
+    }
+    async fn txn(
+        &self,
+        compares: Vec<Compare>,
+        ops: Vec<TxnOp>,
+    ) -> margay_datastore::Result<TxnResponse> {
+        if !ops.iter().any(TxnOp::is_write) {
+            return self.inner.txn(compares, ops).await;
+        }
+        match self
+            .writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % 5
+        {
+            1 => Err(unavailable()),
+            3 => {
+                self.inner.txn(compares, ops).await?;
+                Err(unavailable())
+            }
+            _ => self.inner.txn(compares, ops).await,
+        }
+    }
+    async fn watch(&self, prefix: &str, after: i64) -> margay_datastore::Result<Watch> {
+        self.inner.watch(prefix, after).await
+    }
+    async fn compact(&self, revision: i64) -> margay_datastore::Result<()> {
+        self.inner.compact(revision).await
+    }
+    async fn revision(&self) -> margay_datastore::Result<i64> {
+        self.inner.revision().await
+    }
+}
+
+/// Handle records and blocks agree after every operation, even ones that failed at the write
+/// (the block and its handle change are one transaction): every record counts exactly the
+/// addresses the blocks hold for it, and every held address has its record.
+#[tokio::test]
+async fn failed_writes_never_leave_handles_and_blocks_disagreeing() {
+    let plain = setup(false).await;
+    let kv = Flaky {
+        inner: plain.backend().clone(),
+        writes: std::sync::Arc::default(),
+    };
+    let ipam = Ipam::new(kv);
+    let agree = |blocks: &[margay_ipam::AllocationBlock],
+                 handles: &[(String, margay_ipam::IpamHandle)]| {
+        let mut held: BTreeMap<(String, String), usize> = BTreeMap::new();
+        for b in blocks {
+            for a in b.allocated() {
+                let h = a.attribute.handle_id.clone().unwrap();
+                *held.entry((h, b.cidr.to_string())).or_default() += 1;
+            }
+        }
+        let recorded: BTreeMap<(String, String), usize> = handles
+            .iter()
+            .flat_map(|(id, h)| {
+                h.block
+                    .iter()
+                    .map(move |(b, n)| ((id.clone(), b.clone()), *n))
+            })
+            .collect();
+        assert_eq!(held, recorded);
+    };
+    let (mut failures, mut successes) = (0, 0);
+    for i in 0..200u32 {
+        let handle = format!("h{}", i % 13);
+        let result = match i % 4 {
+            0 | 1 => {
+                let mut args = AssignArgs::new(handle, format!("host{}", i % 3));
+                args.num_v4 = 1 + (i % 3) as usize;
+                ipam.auto_assign(&args).await.map(|_| ())
+            }
+            2 => ipam.release_by_handle(&handle).await.map(|_| ()),
+            _ => {
+                let held = ipam.ips_by_handle(&handle).await.unwrap();
+                let ips: Vec<ReleaseIp> = held
+                    .iter()
+                    .take(1)
+                    .map(|a| ReleaseIp {
+                        ip: a.ip,
+                        sequence_number: None,
+                    })
+                    .collect();
+                ipam.release_ips(&ips).await.map(|_| ())
+            }
+        };
+        match result {
+            Ok(()) => successes += 1,
+            Err(IpamError::Exhausted { .. }) => {}
+            Err(e) => {
+                assert!(e.to_string().contains("injected failure"), "{e}");
+                failures += 1;
+            }
+        }
+        agree(
+            &plain.blocks().await.unwrap(),
+            &plain.handles().await.unwrap(),
+        );
+    }
+    assert!(failures > 10 && successes > 10, "{failures} {successes}");
+}
+
+/// The block hint is only a guess: once the block went to another host, an assignment for
+/// the old host does not use it.
+#[tokio::test]
+async fn a_stale_block_hint_is_not_used() {
+    let ipam = setup(false).await;
+    let first = ipam
+        .auto_assign(&AssignArgs::new("a", "host-a"))
+        .await
+        .unwrap();
+    let block = first.v4[0].block;
+    ipam.release_by_handle("a").await.unwrap();
+    // The block moves to host-b behind this process's back.
+    let kv = ipam.backend();
+    let aff_a = margay_ipam::pools::affinity_key("host-a", &block);
+    kv.delete(&aff_a, None).await.unwrap();
+    let aff_b = margay_ipam::pools::affinity_key("host-b", &block);
+    let confirmed = br#"{"state":"confirmed","deleted":false}"#.to_vec();
+    kv.create(&aff_b, confirmed, None).await.unwrap();
+    let bkey = margay_ipam::pools::block_key(&block);
+    let stored = kv.get(&bkey).await.unwrap().unwrap();
+    let mut b: margay_ipam::AllocationBlock = serde_json::from_slice(&stored.value).unwrap();
+    b.affinity = Some("host:host-b".into());
+    kv.update(&bkey, serde_json::to_vec(&b).unwrap(), None, None)
+        .await
+        .unwrap();
+    let again = ipam
+        .auto_assign(&AssignArgs::new("a2", "host-a"))
+        .await
+        .unwrap();
+    assert_ne!(again.v4[0].block, block);
+    // And host-b uses it.
+    let b_got = ipam
+        .auto_assign(&AssignArgs::new("b", "host-b"))
+        .await
+        .unwrap();
+    assert_eq!(b_got.v4[0].block, block);
+}
+
+/// Release by handle starts from the values this process wrote; when another process changed
+/// the handle since, the write's condition fails and the release reads again, so it frees
+/// what the handle holds now.
+#[tokio::test]
+async fn release_after_another_process_changed_the_handle_frees_everything() {
+    let one = setup(false).await;
+    let two = Ipam::new(one.backend().clone());
+    let first = one
+        .auto_assign(&AssignArgs::new("x", "host-a"))
+        .await
+        .unwrap();
+    let second = two
+        .auto_assign(&AssignArgs::new("x", "host-a"))
+        .await
+        .unwrap();
+    let released: BTreeSet<IpAddr> = one
+        .release_by_handle("x")
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(released, BTreeSet::from([first.v4[0].ip, second.v4[0].ip]));
+    verify(&one, &BTreeMap::new()).await;
+    assert!(one.handles().await.unwrap().is_empty());
 }
