@@ -2,10 +2,10 @@
 //! BGP kinds plus this node's block affinities), or Typha's `bgp` syncer. Both end as the
 //! same [`Input`] stream.
 
-use std::time::Duration;
-
 use margay_api::net::Cidr;
-use margay_datastore::{KvBackend, KvEvent, SyncStatus, SyncerEvent, SyncerOptions, WatcherSyncer};
+use margay_datastore::{
+    KvBackend, MirrorEvent, PrefixMirror, SyncStatus, SyncerEvent, SyncerOptions, WatcherSyncer,
+};
 use margay_ipam::block::{AffinityState, BlockAffinity};
 use margay_typha::client::{self, ClientEvent, ClientOptions, ClientStats};
 use margay_typha::syncers::{BGP_KINDS, IPAM_AFFINITIES_PREFIX};
@@ -73,89 +73,27 @@ pub async fn run_direct<B: KvBackend + Clone + Send + Sync + 'static>(
     aff_task.abort();
 }
 
+impl From<MirrorEvent<(Cidr, AffinityState)>> for Input {
+    fn from(ev: MirrorEvent<(Cidr, AffinityState)>) -> Self {
+        match ev {
+            MirrorEvent::Changed(_, (cidr, state)) => Input::Affinity(cidr, Some(state)),
+            MirrorEvent::Removed(_, (cidr, _)) => Input::Affinity(cidr, None),
+            MirrorEvent::InSync => Input::InSync,
+        }
+    }
+}
+
 /// Lists then watches `/calico/ipam/v2/host/<node>/`; relists (differences only) after a
 /// watch error. Felix's block watcher follows blocks for routes; confd needs the node's own
 /// claims, which live under another prefix (and are what Typha's bgp syncer carries).
 pub async fn watch_affinities<B: KvBackend>(backend: B, node: String, out: mpsc::Sender<Input>) {
-    let prefix = format!("{IPAM_AFFINITIES_PREFIX}{node}/");
-    let mut known: std::collections::BTreeMap<Cidr, AffinityState> = Default::default();
-    let mut listed_once = false;
-    let mut delay = Duration::from_millis(200);
-    loop {
-        let listed = match backend.list(&prefix).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!("listing block affinities failed (retrying): {e}");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-                continue;
-            }
-        };
-        delay = Duration::from_millis(200);
-        let mut seen = std::collections::BTreeMap::new();
-        for kv in &listed.kvs {
-            if let (Some((_, cidr)), Some(state)) =
-                (parse_affinity_key(&kv.key), affinity_state(&kv.value))
-            {
-                seen.insert(cidr, state);
-            }
-        }
-        for cidr in known.keys() {
-            if !seen.contains_key(cidr) && out.send(Input::Affinity(*cidr, None)).await.is_err() {
-                return;
-            }
-        }
-        for (cidr, state) in &seen {
-            if known.get(cidr) != Some(state)
-                && out
-                    .send(Input::Affinity(*cidr, Some(*state)))
-                    .await
-                    .is_err()
-            {
-                return;
-            }
-        }
-        known = seen;
-        if !listed_once {
-            listed_once = true;
-            if out.send(Input::InSync).await.is_err() {
-                return;
-            }
-        }
-        let mut watch = match backend.watch(&prefix, listed.revision).await {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!("watching block affinities failed (relisting): {e}");
-                tokio::time::sleep(delay).await;
-                continue;
-            }
-        };
-        while let Some(item) = watch.next().await {
-            let events = match item {
-                Ok(ev) => ev,
-                Err(e) => {
-                    tracing::info!("block affinity watch ended ({e}); relisting");
-                    break;
-                }
-            };
-            for ev in events {
-                let Some((_, cidr)) = parse_affinity_key(ev.key()) else {
-                    continue;
-                };
-                let state = match &ev {
-                    KvEvent::Put { kv, .. } => affinity_state(&kv.value),
-                    KvEvent::Delete { .. } => None,
-                };
-                let changed = match state {
-                    Some(s) => known.insert(cidr, s) != Some(s),
-                    None => known.remove(&cidr).is_some(),
-                };
-                if changed && out.send(Input::Affinity(cidr, state)).await.is_err() {
-                    return;
-                }
-            }
-        }
-    }
+    // Keys that are not a block's affinity, and deleted or unreadable claims, count as absent.
+    let decode =
+        |key: &str, value: &[u8]| Some((parse_affinity_key(key)?.1, affinity_state(value)?));
+    PrefixMirror::new(format!("{IPAM_AFFINITIES_PREFIX}{node}/"), decode)
+        .named("block affinities", "block affinity")
+        .run(backend, out)
+        .await;
 }
 
 /// Runs the Typha feed (syncer type `bgp`) until `out` closes. Typha carries every node's
@@ -224,6 +162,7 @@ pub fn convert_typha(ev: ClientEvent, node: &str) -> Vec<Input> {
 mod tests {
     use super::*;
     use margay_datastore::MemBackend;
+    use std::time::Duration;
 
     fn aff(state: AffinityState) -> Vec<u8> {
         serde_json::to_vec(&BlockAffinity::new(state)).expect("json")

@@ -5,6 +5,7 @@
 //!   default), `etcd` (etcd v3, Calico's key layout).
 //! - [`client`]: typed projectcalico.org/v3 resources on any backend, validated before writes.
 //! - [`keys`]: Calico's etcd key layout.
+//! - [`prefix_mirror`]: list-then-watch of one key prefix, reporting only differences.
 #![forbid(unsafe_code)]
 
 pub mod any;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod keys;
 pub mod kv;
 pub mod mem;
+pub mod prefix_mirror;
 pub mod syncer;
 pub mod util;
 
@@ -25,6 +27,7 @@ pub use kv::{
     Compare, KeyValue, KvBackend, KvEvent, ListResult, TxnOp, TxnOpResult, TxnResponse, Watch,
 };
 pub use mem::MemBackend;
+pub use prefix_mirror::{MirrorEvent, PrefixMirror};
 pub use syncer::{SyncStatus, SyncerEvent, SyncerOptions, Update, UpdateType, WatcherSyncer};
 
 #[cfg(feature = "etcd")]

@@ -2,11 +2,8 @@
 //! blocks (RouteSource CalicoIPAM). Blocks live outside the v3 resources
 //! (`/calico/ipam/v2/assignment/...`), so they have their own list-and-watch loop.
 
-use std::collections::HashMap;
-use std::time::Duration;
-
 use margay_api::net::Cidr;
-use margay_datastore::{KvBackend, KvEvent};
+use margay_datastore::{KvBackend, MirrorEvent, PrefixMirror};
 use margay_ipam::AllocationBlock;
 use tokio::sync::mpsc;
 
@@ -29,98 +26,38 @@ pub fn affinity(value: &[u8]) -> Option<(Cidr, Option<String>)> {
     Some((b.cidr.network(), if b.deleted { None } else { host }))
 }
 
+impl From<MirrorEvent<(Cidr, Option<String>)>> for BlockEvent {
+    fn from(ev: MirrorEvent<(Cidr, Option<String>)>) -> Self {
+        match ev {
+            MirrorEvent::Changed(_, (cidr, host)) => BlockEvent::Block(cidr, host),
+            MirrorEvent::Removed(_, (cidr, _)) => BlockEvent::Block(cidr, None),
+            MirrorEvent::InSync => BlockEvent::InSync,
+        }
+    }
+}
+
 /// Lists then watches blocks until `out` closes; relists (sending only differences) after any
 /// watch error. Never returns an error: datastore trouble is retried with backoff.
 pub async fn run<B: KvBackend>(backend: B, out: mpsc::Sender<BlockEvent>) {
-    let mut known: HashMap<String, (Cidr, Option<String>)> = HashMap::new();
-    let mut reported_in_sync = false;
-    let mut delay = Duration::from_millis(200);
-    loop {
-        let listed = match backend.list(BLOCKS_PREFIX).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!("listing IPAM blocks failed (retrying): {e}");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-                continue;
-            }
-        };
-        delay = Duration::from_millis(200);
-        let mut seen: HashMap<String, (Cidr, Option<String>)> = HashMap::new();
-        for kv in &listed.kvs {
-            match affinity(&kv.value) {
-                Some(a) => {
-                    seen.insert(kv.key.clone(), a);
-                }
-                None => tracing::warn!(key = %kv.key, "ignoring an unreadable IPAM block"),
-            }
+    // A value that is not a block (corrupt, or another version's) counts as no block.
+    let decode = |key: &str, value: &[u8]| {
+        let a = affinity(value);
+        if a.is_none() {
+            tracing::warn!(key = %key, "ignoring an unreadable IPAM block");
         }
-        for (key, (cidr, _)) in &known {
-            if !seen.contains_key(key) && out.send(BlockEvent::Block(*cidr, None)).await.is_err() {
-                return;
-            }
-        }
-        for (key, a) in &seen {
-            if known.get(key) != Some(a)
-                && out.send(BlockEvent::Block(a.0, a.1.clone())).await.is_err()
-            {
-                return;
-            }
-        }
-        known = seen;
-        if !reported_in_sync {
-            reported_in_sync = true;
-            if out.send(BlockEvent::InSync).await.is_err() {
-                return;
-            }
-        }
-        let mut watch = match backend.watch(BLOCKS_PREFIX, listed.revision).await {
-            Ok(w) => w,
-            Err(e) => {
-                tracing::warn!("watching IPAM blocks failed (relisting): {e}");
-                tokio::time::sleep(delay).await;
-                continue;
-            }
-        };
-        while let Some(item) = watch.next().await {
-            let events = match item {
-                Ok(ev) => ev,
-                Err(e) => {
-                    tracing::info!("IPAM block watch ended ({e}); relisting");
-                    break;
-                }
-            };
-            for ev in events {
-                let key = ev.key().to_string();
-                let update = match &ev {
-                    KvEvent::Put { kv, .. } => affinity(&kv.value),
-                    KvEvent::Delete { .. } => None,
-                };
-                let msg = match update {
-                    Some(a) => {
-                        if known.get(&key) == Some(&a) {
-                            continue;
-                        }
-                        known.insert(key, a.clone());
-                        BlockEvent::Block(a.0, a.1)
-                    }
-                    None => match known.remove(&key) {
-                        Some((cidr, _)) => BlockEvent::Block(cidr, None),
-                        None => continue,
-                    },
-                };
-                if out.send(msg).await.is_err() {
-                    return;
-                }
-            }
-        }
-    }
+        a
+    };
+    PrefixMirror::new(BLOCKS_PREFIX, decode)
+        .named("IPAM blocks", "IPAM block")
+        .run(backend, out)
+        .await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use margay_datastore::MemBackend;
+    use std::time::Duration;
 
     fn block_json(cidr: &str, host: Option<&str>) -> Vec<u8> {
         let b = AllocationBlock::new(Cidr::parse(cidr).expect("cidr"), host);
