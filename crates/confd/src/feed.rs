@@ -134,21 +134,7 @@ pub fn convert_typha(ev: ClientEvent, node: &str) -> Vec<Input> {
                     }
                     continue;
                 }
-                match client::to_update(&kv) {
-                    Some(Ok(u)) => updates.push(u),
-                    Some(Err(e)) => {
-                        tracing::warn!(key = %kv.key, error = %e, "a value from Typha does not decode; treating it as deleted");
-                        if let Some(key) = margay_datastore::keys::parse_resource_path(&kv.key) {
-                            updates.push(margay_datastore::Update {
-                                key,
-                                value: None,
-                                revision: kv.revision,
-                                update_type: margay_datastore::UpdateType::Deleted,
-                            });
-                        }
-                    }
-                    None => {}
-                }
+                updates.extend(client::to_update_or_deleted(&kv));
             }
             if !updates.is_empty() {
                 out.insert(0, Input::Updates(updates));

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use margay_api::net::Cidr;
-use margay_datastore::{SyncStatus, SyncerEvent, Update, UpdateType};
+use margay_datastore::{SyncStatus, SyncerEvent, Update};
 use margay_felix_config::Config;
 use margay_typha::client::{self, ClientEvent, ClientOptions, ClientStats, ConnectionState};
 use margay_typha::proto::Kv;
@@ -146,21 +146,8 @@ impl Converter {
                 }
                 continue;
             }
-            match client::to_update(&kv) {
-                Some(Ok(u)) => updates.push(u),
-                Some(Err(e)) => {
-                    // Typha validated it; a Felix that cannot decode it (version skew) treats
-                    // it as absent, as the datastore syncer does.
-                    tracing::warn!(key = %kv.key, error = %e, "a value from Typha does not decode; treating it as deleted");
-                    if let Some(key) = margay_datastore::keys::parse_resource_path(&kv.key) {
-                        updates.push(Update {
-                            key,
-                            value: None,
-                            revision: kv.revision,
-                            update_type: UpdateType::Deleted,
-                        });
-                    }
-                }
+            match client::to_update_or_deleted(&kv) {
+                Some(u) => updates.push(u),
                 None => tracing::debug!(key = %kv.key, "ignoring a key Felix does not use"),
             }
         }

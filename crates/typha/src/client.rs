@@ -544,6 +544,25 @@ pub async fn run(opts: ClientOptions, out: mpsc::Sender<ClientEvent>, stats: Arc
     }
 }
 
+/// [`to_update`] for a client that feeds a syncer pipeline (None: not a v3 resource key). A
+/// value that does not decode becomes a deletion of its key, with a warning: Typha validated
+/// it, so a client that cannot decode it (version skew) treats it as absent, as the datastore
+/// syncer does.
+pub fn to_update_or_deleted(kv: &Kv) -> Option<margay_datastore::Update> {
+    match to_update(kv)? {
+        Ok(u) => Some(u),
+        Err(e) => {
+            tracing::warn!(key = %kv.key, error = %e, "a value from Typha does not decode; treating it as deleted");
+            Some(margay_datastore::Update {
+                key: margay_datastore::keys::parse_resource_path(&kv.key)?,
+                value: None,
+                revision: kv.revision,
+                update_type: margay_datastore::UpdateType::Deleted,
+            })
+        }
+    }
+}
+
 /// Turns a v3 resource KV into the syncer's `Update` (None: not a v3 resource key).
 pub fn to_update(kv: &Kv) -> Option<Result<margay_datastore::Update, String>> {
     use margay_datastore::{KeyValue, Update, UpdateType};
@@ -574,4 +593,40 @@ pub fn to_update(kv: &Kv) -> Option<Result<margay_datastore::Update, String>> {
         revision: kv.revision,
         update_type,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use margay_datastore::UpdateType;
+
+    fn kv(key: &str, value: &[u8]) -> Kv {
+        Kv {
+            key: key.into(),
+            value: Some(Bytes::copy_from_slice(value)),
+            revision: 7,
+            kind: proto::UpdateKind::Updated,
+        }
+    }
+
+    #[test]
+    fn undecodable_values_become_deletions() {
+        let peer = br#"{"apiVersion":"projectcalico.org/v3","kind":"BGPPeer","metadata":{"name":"tor"},"spec":{"peerIP":"10.0.0.254","asNumber":65000}}"#;
+        let key = "/calico/resources/v3/projectcalico.org/bgppeers/tor";
+        let u = to_update_or_deleted(&kv(key, peer)).expect("a v3 key");
+        assert_eq!(u.update_type, UpdateType::Updated);
+        assert!(u.value.is_some());
+
+        let u = to_update_or_deleted(&kv(key, b"{not json")).expect("a v3 key");
+        assert_eq!(u.key.name, "tor");
+        assert_eq!(u.value, None);
+        assert_eq!(u.revision, 7);
+        assert_eq!(u.update_type, UpdateType::Deleted);
+
+        assert_eq!(
+            to_update_or_deleted(&kv("/calico/ipam/v2/host/n1/ipv4/block/10.0.0.0-26", b"{}")),
+            None
+        );
+    }
 }
