@@ -171,6 +171,25 @@ impl BgpPeer {
     }
 }
 
+/// The JSON form `margay ctl node status -o json` and `margay lab status --json` show: camelCase
+/// names, the address and peer type as text (the type as `calicoctl node status` words it),
+/// and whether the session is established. The port is not shown (calicoctl does not).
+impl serde::Serialize for BgpPeer {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("BgpPeer", 8)?;
+        s.serialize_field("name", &self.name)?;
+        s.serialize_field("peerAddress", &self.peer_ip.to_string())?;
+        s.serialize_field("peerType", &self.peer_type.to_string())?;
+        s.serialize_field("state", &self.state)?;
+        s.serialize_field("since", &self.since)?;
+        s.serialize_field("bgpState", &self.bgp_state)?;
+        s.serialize_field("info", &self.info)?;
+        s.serialize_field("established", &self.is_established())?;
+        s.end()
+    }
+}
+
 /// The address a protocol name encodes: `172_31_0_12` (dots) or `fd80_24e2__2` (colons).
 fn name_to_ip(encoded: &str) -> Option<IpAddr> {
     if let Ok(v4) = encoded.replace('_', ".").parse::<Ipv4Addr>() {
@@ -445,5 +464,32 @@ mod tests {
         assert_eq!(d.bgp_state(), Some("Active"));
         assert_eq!(d.last_error(), Some("Socket: No route to host"));
         assert_eq!(d.protocol.name, "Node_172_31_9_77");
+    }
+
+    #[test]
+    fn peer_json_form() {
+        let peer = BgpPeer {
+            name: "Mesh_172_31_0_12".into(),
+            peer_type: PeerType::Mesh,
+            peer_ip: "172.31.0.12".parse().unwrap(),
+            port: None,
+            state: "up".into(),
+            since: "10:42:07".into(),
+            bgp_state: "Established".into(),
+            info: String::new(),
+        };
+        assert_eq!(
+            serde_json::to_value(&peer).unwrap(),
+            serde_json::json!({
+                "name": "Mesh_172_31_0_12",
+                "peerAddress": "172.31.0.12",
+                "peerType": "node-to-node mesh",
+                "state": "up",
+                "since": "10:42:07",
+                "bgpState": "Established",
+                "info": "",
+                "established": true,
+            })
+        );
     }
 }

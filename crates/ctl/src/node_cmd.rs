@@ -139,27 +139,10 @@ pub(crate) fn run(
         let fams: Vec<serde_json::Value> = families
             .iter()
             .map(|(v, s, path)| {
-                let (state, peers, error) = match s {
-                    Sessions::NotRunning => ("not running", vec![], None),
-                    Sessions::Unreachable(e) => ("unreachable", vec![], Some(e.clone())),
-                    Sessions::Peers(p) => (
-                        "running",
-                        p.iter()
-                            .map(|p| {
-                                serde_json::json!({
-                                    "name": p.name,
-                                    "peerAddress": p.peer_ip.to_string(),
-                                    "peerType": p.peer_type.to_string(),
-                                    "state": p.state,
-                                    "since": p.since,
-                                    "bgpState": p.bgp_state,
-                                    "info": p.info,
-                                    "established": p.is_established(),
-                                })
-                            })
-                            .collect(),
-                        None,
-                    ),
+                let (state, peers, error): (_, &[BgpPeer], _) = match s {
+                    Sessions::NotRunning => ("not running", &[], None),
+                    Sessions::Unreachable(e) => ("unreachable", &[], Some(e.clone())),
+                    Sessions::Peers(p) => ("running", p, None),
                 };
                 serde_json::json!({
                     "ipVersion": v, "socket": path.display().to_string(),

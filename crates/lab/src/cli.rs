@@ -1097,22 +1097,7 @@ fn status(which: &Which, json: bool, out: &mut dyn Write) -> Result<u8, LabError
                 let s = felix_status(&st, &n.name);
                 let bgp =
                     (st.backend == "bird").then(|| match crate::bgp::node_sessions(&st, &n.name) {
-                        Ok(peers) => Value::Array(
-                            peers
-                                .iter()
-                                .map(|p| {
-                                    serde_json::json!({
-                                        "name": p.name,
-                                        "peerAddress": p.peer_ip.to_string(),
-                                        "peerType": p.peer_type.to_string(),
-                                        "state": p.state,
-                                        "since": p.since,
-                                        "bgpState": p.bgp_state,
-                                        "info": p.info,
-                                    })
-                                })
-                                .collect(),
-                        ),
+                        Ok(peers) => serde_json::json!(peers),
                         Err(e) => serde_json::json!({"error": e}),
                     });
                 serde_json::json!({
