@@ -413,6 +413,38 @@ fn handle_change(
     Ok((compare, op))
 }
 
+/// A block write and the handle records it changes, as one transaction: the block
+/// compare-and-swapped against the revision it was read at, each handle record against how it
+/// was read — so a block and its handles never disagree, whoever else writes.
+struct BlockTxn {
+    compares: Vec<Compare>,
+    ops: Vec<TxnOp>,
+}
+
+impl BlockTxn {
+    fn new(key: &str, read_at: i64, block: &AllocationBlock) -> Self {
+        BlockTxn {
+            compares: vec![Compare::ModRevision(key.to_string(), read_at)],
+            ops: vec![TxnOp::put(key, encode(block))],
+        }
+    }
+
+    /// Adds the change of `delta` addresses of `block` to the handle record at `key`
+    /// ([`handle_change`]).
+    fn handle(
+        &mut self,
+        key: &str,
+        current: Option<&KeyValue>,
+        block: &Cidr,
+        delta: i64,
+    ) -> Result<(), IpamError> {
+        let (compare, op) = handle_change(key, current, block, delta)?;
+        self.compares.push(compare);
+        self.ops.extend(op);
+        Ok(())
+    }
+}
+
 fn is_conflict(e: &DatastoreError) -> bool {
     matches!(
         e,
@@ -902,15 +934,9 @@ impl<B: KvBackend + Clone> Ipam<B> {
             if taken.is_empty() {
                 return Ok(Vec::new());
             }
-            let (handle_cmp, handle_op) =
-                handle_change(&hkey, handle_kv.as_ref(), cidr, taken.len() as i64)?;
-            let compares = vec![
-                Compare::ModRevision(key.clone(), kv.mod_revision),
-                handle_cmp,
-            ];
-            let mut ops = vec![TxnOp::put(&key, encode(&block))];
-            ops.extend(handle_op);
-            match self.kv.txn(compares, ops).await {
+            let mut txn = BlockTxn::new(&key, kv.mod_revision, &block);
+            txn.handle(&hkey, handle_kv.as_ref(), cidr, taken.len() as i64)?;
+            match self.kv.txn(txn.compares, txn.ops).await {
                 Ok(resp) => {
                     self.hints().remember(&resp);
                     return Ok(taken);
@@ -1021,14 +1047,9 @@ impl<B: KvBackend + Clone> Ipam<B> {
                     crate::block::AssignError::NotInBlock { ip, .. } => IpamError::NotInPool { ip },
                 });
             }
-            let (handle_cmp, handle_op) = handle_change(&hkey, handle_kv.as_ref(), &cidr, 1)?;
-            let compares = vec![
-                Compare::ModRevision(key.clone(), kv.mod_revision),
-                handle_cmp,
-            ];
-            let mut ops = vec![TxnOp::put(&key, encode(&block))];
-            ops.extend(handle_op);
-            match self.kv.txn(compares, ops).await {
+            let mut txn = BlockTxn::new(&key, kv.mod_revision, &block);
+            txn.handle(&hkey, handle_kv.as_ref(), &cidr, 1)?;
+            match self.kv.txn(txn.compares, txn.ops).await {
                 Ok(resp) => {
                     self.hints().remember(&resp);
                     return Ok(AssignedIp { ip, block: cidr });
@@ -1137,15 +1158,12 @@ impl<B: KvBackend + Clone> Ipam<B> {
             let mut r = self
                 .read(hkeys.iter().map(|(k, _)| TxnOp::get(k)).collect())
                 .await?;
-            let mut compares = vec![Compare::ModRevision(key.clone(), kv.mod_revision)];
-            let mut ops = vec![TxnOp::put(&key, encode(&block))];
+            let mut txn = BlockTxn::new(&key, kv.mod_revision, &block);
             for (hkey, n) in &hkeys {
                 let current = next_get(&mut r)?;
-                let (c, op) = handle_change(hkey, current.as_ref(), cidr, -n)?;
-                compares.push(c);
-                ops.extend(op);
+                txn.handle(hkey, current.as_ref(), cidr, -n)?;
             }
-            match self.kv.txn(compares, ops).await {
+            match self.kv.txn(txn.compares, txn.ops).await {
                 Ok(resp) => {
                     self.hints().remember(&resp);
                     return Ok(released);
