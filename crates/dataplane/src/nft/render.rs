@@ -10,8 +10,28 @@
 //! ```text
 //! forward: ct established/related accept ─► from-wl (fw-<if>: egress) ─► to-wl (tw-<if>: ingress)
 //! input:   from a workload ─► wl-to-host (fw-<if>, then DefaultEndpointToHostAction)
-//! tw-<if>: clear marks ─► tw-<if>-<tier>… (jump pi-*; accept/pass bit ⇒ return) ─► pri-* ─► drop
+//! fw-<if>: clear marks ─► fw-<if>-<tier>… ([guard] jump po-*; [accept/pass bit ⇒ return])
+//!          ─► (accept bit ⇒ return) ─► pro-* (accept bit ⇒ return) ─► drop
+//! tw-<if>: clear marks ─► tw-<if>-<tier>… ([guard] jump pi-*; [pass bit ⇒ return]) ─► pri-* ─► drop
 //! ```
+//!
+//! Every new connection walks these chains (established ones are accepted first), so the tier
+//! chains keep the per-policy cost low, without changing any verdict:
+//!
+//! - **Guards**: the jump to a policy's chain carries a condition every one of its rules (for
+//!   that direction) implies — the union of their protocols, and of their destination ports
+//!   when every rule lists ports and no named port (`jump_guard`). A packet that fails it
+//!   would match no rule, get no verdict and come back, so it skips the chain with one
+//!   comparison. A policy without rules in the direction is not jumped to at all.
+//! - **Ingress accepts directly**: `tw-<if>` runs last in the forward hook (the sender's
+//!   egress ran before, and nothing in `forward` follows `to-wl`: keep it so), so an Allow in
+//!   an ingress chain (`pi-`/`pri-`) sets the accept bit and accepts instead of returning.
+//!   Egress chains still return with the bit, because the receiver's ingress (forward hook)
+//!   or DefaultEndpointToHostAction (input hook) comes after them.
+//! - **Mark tests only where a mark can be set**: after a jump, the tier chain tests only the
+//!   bits that policy's chain can return with (accept: an egress Allow; pass: a Pass), and
+//!   nothing for a chain that only drops, accepts or falls through. Ingress endpoint chains
+//!   test nothing after tiers and profiles: those return only without the accept bit.
 //!
 //! Unknown workload interfaces are dropped (fail closed); an endpoint without an accepting
 //! policy or profile drops.
@@ -315,7 +335,12 @@ fn icmp_parts(r: &ResolvedRule, family: u8) -> Vec<String> {
 }
 
 /// The nft rules one policy rule becomes (several when it has alternatives or both families).
-pub fn render_rule(r: &ResolvedRule, cfg: &NftConfig, owner: &str) -> Vec<String> {
+///
+/// `ingress`: the rule is in an ingress (`pi-`/`pri-`) chain. Those chains run only inside
+/// `tw-<if>`, the last thing the forward hook does for a packet (the sender's egress ran
+/// before), so an Allow there sets the accept bit (the packet's mark stays as it was) and
+/// accepts at once instead of returning for the callers to test the bit.
+pub fn render_rule(r: &ResolvedRule, cfg: &NftConfig, owner: &str, ingress: bool) -> Vec<String> {
     let mut families: Vec<u8> = match r.ip_version {
         Some(4) => vec![4],
         Some(6) => vec![6],
@@ -330,7 +355,11 @@ pub fn render_rule(r: &ResolvedRule, cfg: &NftConfig, owner: &str) -> Vec<String
         families.retain(|f| *f == 4);
     }
     let action = match r.action {
-        RuleAction::Allow => format!("meta mark set meta mark | {:#x} return", cfg.mark_accept),
+        RuleAction::Allow => format!(
+            "meta mark set meta mark | {:#x} {}",
+            cfg.mark_accept,
+            if ingress { "accept" } else { "return" }
+        ),
         RuleAction::Deny => "drop".to_string(),
         RuleAction::Pass => format!("meta mark set meta mark | {:#x} return", cfg.mark_pass),
         RuleAction::Log => format!(
@@ -387,21 +416,127 @@ pub fn render_rule(r: &ResolvedRule, cfg: &NftConfig, owner: &str) -> Vec<String
     out
 }
 
-fn rules_chain(rules: &[ResolvedRule], cfg: &NftConfig, owner: &str) -> ChainSpec {
+fn rules_chain(rules: &[ResolvedRule], cfg: &NftConfig, owner: &str, ingress: bool) -> ChainSpec {
     ChainSpec {
         base: None,
         rules: rules
             .iter()
-            .flat_map(|r| render_rule(r, cfg, owner))
+            .flat_map(|r| render_rule(r, cfg, owner, ingress))
             .map(NftRule::new)
             .collect(),
     }
 }
 
+/// Protocols whose transport header starts with the source and destination ports (what
+/// `th dport` reads): TCP, UDP, SCTP, UDP-Lite.
+fn has_ports(protocol: u8) -> bool {
+    matches!(protocol, 6 | 17 | 132 | 136)
+}
+
+/// Sorted, with overlapping and adjacent ranges merged: the kernel refuses overlapping
+/// intervals in a set.
+fn merge_ports(mut ports: Vec<margay_calc::PortRange>) -> Vec<margay_calc::PortRange> {
+    ports.sort_by_key(|p| (p.first, p.last));
+    let mut out: Vec<margay_calc::PortRange> = Vec::with_capacity(ports.len());
+    for p in ports {
+        match out.last_mut() {
+            Some(last) if u32::from(p.first) <= u32::from(last.last) + 1 => {
+                last.last = last.last.max(p.last);
+            }
+            _ => out.push(p),
+        }
+    }
+    out
+}
+
+/// A condition every packet that any of `rules` matches satisfies (None when there is no
+/// useful one), put on the tier chain's jump to the policy's chain: a packet failing it would
+/// run through the chain without matching a rule, i.e. without a verdict, so skipping the
+/// chain is the same. It must be *necessary* for every rule (Allow, Deny, Pass and Log alike):
+///
+/// - the protocol part exists only when every rule names a protocol (`notProtocol` and
+///   ICMP matches only narrow a rule, so they do not matter; a rule without a protocol
+///   matches any, so there is no guard at all);
+/// - the destination-port part only when, in addition, every rule's protocol has ports and
+///   every rule lists destination ports and no named port (a named port is an alternative to
+///   the numeric ports: the rule matches ports outside them).
+///
+/// Several protocols or port sets make the union, which is still necessary for each rule.
+pub fn jump_guard(rules: &[ResolvedRule]) -> Option<String> {
+    let mut protocols = BTreeSet::new();
+    let mut ports = Vec::new();
+    let mut port_guard = true;
+    for r in rules {
+        let p = r.protocol?;
+        protocols.insert(p);
+        if has_ports(p) && !r.dst.ports.is_empty() && r.dst.named_port_ip_set_ids.is_empty() {
+            ports.extend(r.dst.ports.iter().copied());
+        } else {
+            port_guard = false;
+        }
+    }
+    let list: Vec<String> = protocols.iter().map(u8::to_string).collect();
+    let mut guard = match list.as_slice() {
+        [] => return None,
+        [one] => format!("meta l4proto {one}"),
+        many => format!("meta l4proto {{ {} }}", many.join(", ")),
+    };
+    if port_guard {
+        let _ = write!(guard, " th dport {}", ports_list(&merge_ports(ports)));
+    }
+    Some(guard)
+}
+
+/// How a tier chain calls one direction of a policy (derived once per policy render).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PolicyCall {
+    /// The chain has no rules: it can never give a verdict, so it is not jumped to.
+    empty: bool,
+    /// See `jump_guard`.
+    guard: Option<String>,
+    /// Mark bits the chain can return with, which the tier chain must test after the jump
+    /// (0: it only drops, accepts or falls through, so there is nothing to test).
+    returns_marks: u32,
+}
+
+impl PolicyCall {
+    fn new(rules: &[ResolvedRule], cfg: &NftConfig, ingress: bool) -> PolicyCall {
+        let returns_marks = rules.iter().fold(0, |bits, r| match r.action {
+            // Ingress chains accept directly (see `render_rule`).
+            RuleAction::Allow if !ingress => bits | cfg.mark_accept,
+            RuleAction::Pass => bits | cfg.mark_pass,
+            _ => bits,
+        });
+        PolicyCall {
+            empty: rules.is_empty(),
+            guard: jump_guard(rules),
+            returns_marks,
+        }
+    }
+
+    /// A policy the renderer does not know: jump unconditionally and test both bits (what
+    /// every call was before guards; the model never references a missing policy).
+    fn unknown(cfg: &NftConfig) -> PolicyCall {
+        PolicyCall {
+            empty: false,
+            guard: None,
+            returns_marks: cfg.mark_accept | cfg.mark_pass,
+        }
+    }
+}
+
+/// A rendered policy: its value (to recognise it unchanged), then per direction (ingress,
+/// egress) its chain and how tier chains call it.
+type RenderedPolicy = (
+    Arc<ResolvedPolicy>,
+    (ChainSpec, PolicyCall),
+    (ChainSpec, PolicyCall),
+);
+
 /// Renders policies and profiles, reusing the previous render of anything unchanged.
 #[derive(Debug, Default)]
 pub struct Renderer {
-    policies: HashMap<PolicyId, (Arc<ResolvedPolicy>, ChainSpec, ChainSpec)>,
+    policies: HashMap<PolicyId, RenderedPolicy>,
     profiles: HashMap<String, (Arc<ResolvedProfile>, ChainSpec, ChainSpec)>,
     cfg_key: String,
 }
@@ -483,13 +618,19 @@ impl Renderer {
                 .get(id)
                 .filter(|(p, _, _)| Arc::ptr_eq(p, pol) || **p == **pol);
             let (ci, co) = match cached {
-                Some((_, i, o)) => (i.clone(), o.clone()),
+                Some((_, (i, _), (o, _))) => (i.clone(), o.clone()),
                 None => {
                     let owner = id.to_string();
-                    let i = rules_chain(&pol.inbound, cfg, &owner);
-                    let o = rules_chain(&pol.outbound, cfg, &owner);
-                    self.policies
-                        .insert(id.clone(), (pol.clone(), i.clone(), o.clone()));
+                    let i = rules_chain(&pol.inbound, cfg, &owner, true);
+                    let o = rules_chain(&pol.outbound, cfg, &owner, false);
+                    let calls = (
+                        PolicyCall::new(&pol.inbound, cfg, true),
+                        PolicyCall::new(&pol.outbound, cfg, false),
+                    );
+                    self.policies.insert(
+                        id.clone(),
+                        (pol.clone(), (i.clone(), calls.0), (o.clone(), calls.1)),
+                    );
                     (i, o)
                 }
             };
@@ -507,8 +648,8 @@ impl Renderer {
             let (ci, co) = match cached {
                 Some((_, i, o)) => (i.clone(), o.clone()),
                 None => {
-                    let i = rules_chain(&prof.inbound, cfg, id);
-                    let o = rules_chain(&prof.outbound, cfg, id);
+                    let i = rules_chain(&prof.inbound, cfg, id, true);
+                    let o = rules_chain(&prof.outbound, cfg, id, false);
                     self.profiles
                         .insert(id.clone(), (prof.clone(), i.clone(), o.clone()));
                     (i, o)
@@ -534,7 +675,7 @@ impl Renderer {
                 ..EndpointChains::default()
             };
             for ingress in [true, false] {
-                let chains = endpoint_chains(id, ep, ingress, cfg);
+                let chains = endpoint_chains(id, ep, ingress, cfg, &self.policies);
                 for (name, chain) in chains {
                     summary.rules += chain.rules.len();
                     summary.chains.push(name.clone());
@@ -621,18 +762,41 @@ impl Renderer {
     }
 }
 
+/// One tier's chain for one endpoint and direction. Per policy, in order: the jump, guarded
+/// when the policy's rules allow it (`jump_guard`) and left out for a policy without rules in
+/// this direction; after it, the test of the mark bits the policy can return with, only when
+/// it can return with any (an ingress policy without Pass rules cannot: it accepts, drops or
+/// falls through).
 fn tier_chain(
-    name: &str,
     tier: &TierInfo,
     policies: &[PolicyId],
     ingress: bool,
     cfg: &NftConfig,
+    rendered: &HashMap<PolicyId, RenderedPolicy>,
 ) -> ChainSpec {
     let both = cfg.mark_accept | cfg.mark_pass;
+    let unknown = PolicyCall::unknown(cfg);
+    // The marks are cleared so that a bit found after a jump was set by that policy.
     let mut rules = vec![format!("meta mark set meta mark and {:#x}", !both)];
     for p in policies {
-        rules.push(format!("jump {}", policy_chain(p, ingress)));
-        rules.push(format!("meta mark and {both:#x} != 0 return"));
+        let call = rendered
+            .get(p)
+            .map(|(_, i, o)| if ingress { &i.1 } else { &o.1 })
+            .unwrap_or(&unknown);
+        if call.empty {
+            continue;
+        }
+        let chain = policy_chain(p, ingress);
+        rules.push(match &call.guard {
+            Some(guard) => format!("{guard} jump {chain}"),
+            None => format!("jump {chain}"),
+        });
+        if call.returns_marks != 0 {
+            rules.push(format!(
+                "meta mark and {:#x} != 0 return",
+                call.returns_marks
+            ));
+        }
     }
     rules.push(match tier.default_action {
         RuleAction::Pass => format!("meta mark set meta mark | {:#x} return", cfg.mark_pass),
@@ -641,7 +805,6 @@ fn tier_chain(
             tier.name.replace('"', "")
         ),
     });
-    let _ = name;
     ChainSpec {
         base: None,
         rules: rules.into_iter().map(NftRule::new).collect(),
@@ -653,6 +816,7 @@ fn endpoint_chains(
     ep: &WorkloadEndpointData,
     ingress: bool,
     cfg: &NftConfig,
+    rendered: &HashMap<PolicyId, RenderedPolicy>,
 ) -> Vec<(String, ChainSpec)> {
     let main = endpoint_chain(&ep.interface, ingress);
     let both = cfg.mark_accept | cfg.mark_pass;
@@ -703,14 +867,20 @@ fn endpoint_chains(
         let name = format!("{main}-{i}");
         out.push((
             name.clone(),
-            tier_chain(&name, tier, policies, ingress, cfg),
+            tier_chain(tier, policies, ingress, cfg, rendered),
         ));
         rules.push(format!("jump {name}"));
-        rules.push(format!("meta mark and {:#x} != 0 return", cfg.mark_accept));
+        // An ingress tier or profile returns only without the accept bit (an Allow there
+        // accepts at once), so only egress needs the test.
+        if !ingress {
+            rules.push(format!("meta mark and {:#x} != 0 return", cfg.mark_accept));
+        }
     }
     for p in &ep.profile_ids {
         rules.push(format!("jump {}", profile_chain(p, ingress)));
-        rules.push(format!("meta mark and {:#x} != 0 return", cfg.mark_accept));
+        if !ingress {
+            rules.push(format!("meta mark and {:#x} != 0 return", cfg.mark_accept));
+        }
     }
     rules.push("drop comment \"no policy or profile allowed the packet\"".into());
     out.push((
@@ -858,4 +1028,290 @@ pub fn parse_addr_elements(elements: &BTreeSet<String>) -> Vec<IpAddr> {
         .iter()
         .filter_map(|e| e.split('/').next()?.parse().ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use margay_calc::PortRange;
+
+    fn rule(action: RuleAction, protocol: Option<u8>, ports: &[(u16, u16)]) -> ResolvedRule {
+        ResolvedRule {
+            action,
+            ip_version: None,
+            protocol,
+            not_protocol: None,
+            icmp: None,
+            not_icmp: None,
+            src: ResolvedMatch::default(),
+            dst: ResolvedMatch {
+                ports: ports
+                    .iter()
+                    .map(|&(first, last)| PortRange { first, last })
+                    .collect(),
+                ..ResolvedMatch::default()
+            },
+            rule_id: String::new(),
+        }
+    }
+
+    fn allow(protocol: Option<u8>, ports: &[(u16, u16)]) -> ResolvedRule {
+        rule(RuleAction::Allow, protocol, ports)
+    }
+
+    #[test]
+    fn guard_of_one_protocol_and_port() {
+        assert_eq!(
+            jump_guard(&[allow(Some(6), &[(80, 80)])]).as_deref(),
+            Some("meta l4proto 6 th dport 80")
+        );
+    }
+
+    #[test]
+    fn no_guard_for_no_rules_or_a_rule_without_protocol() {
+        assert_eq!(jump_guard(&[]), None);
+        assert_eq!(jump_guard(&[allow(None, &[])]), None);
+        // One rule without a protocol matches any packet: no guard, whatever the others say.
+        assert_eq!(
+            jump_guard(&[allow(Some(6), &[(80, 80)]), allow(None, &[(80, 80)])]),
+            None
+        );
+    }
+
+    #[test]
+    fn not_protocol_alone_gives_no_guard() {
+        let mut r = allow(None, &[]);
+        r.not_protocol = Some(17);
+        assert_eq!(jump_guard(&[r.clone()]), None);
+        // With a protocol as well, the protocol is still necessary.
+        r.protocol = Some(6);
+        assert_eq!(jump_guard(&[r]).as_deref(), Some("meta l4proto 6"));
+    }
+
+    #[test]
+    fn icmp_gets_a_protocol_guard_only() {
+        let mut r = rule(RuleAction::Deny, Some(1), &[]);
+        r.icmp = Some(margay_calc::IcmpMatch {
+            icmp_type: 8,
+            code: None,
+        });
+        assert_eq!(jump_guard(&[r.clone()]).as_deref(), Some("meta l4proto 1"));
+        // Mixed with TCP on a port: the union of protocols, no port part (ICMP has no ports).
+        assert_eq!(
+            jump_guard(&[r, allow(Some(6), &[(80, 80)])]).as_deref(),
+            Some("meta l4proto { 1, 6 }")
+        );
+    }
+
+    #[test]
+    fn named_ports_drop_the_port_part() {
+        let mut r = allow(Some(6), &[(80, 80)]);
+        r.dst.named_port_ip_set_ids = vec!["n:abc".into()];
+        // The named port is an alternative to port 80: the rule matches other ports too.
+        assert_eq!(jump_guard(&[r]).as_deref(), Some("meta l4proto 6"));
+    }
+
+    #[test]
+    fn a_rule_without_ports_drops_the_port_part() {
+        assert_eq!(
+            jump_guard(&[allow(Some(6), &[(80, 80)]), allow(Some(6), &[])]).as_deref(),
+            Some("meta l4proto 6")
+        );
+        // Not-ports only narrow the rule; they say nothing about the ports it matches.
+        let mut r = allow(Some(6), &[]);
+        r.dst.not_ports = vec![PortRange {
+            first: 22,
+            last: 22,
+        }];
+        assert_eq!(jump_guard(&[r]).as_deref(), Some("meta l4proto 6"));
+        // Source ports are not destination ports.
+        let mut r = allow(Some(6), &[]);
+        r.src.ports = vec![PortRange {
+            first: 22,
+            last: 22,
+        }];
+        assert_eq!(jump_guard(&[r]).as_deref(), Some("meta l4proto 6"));
+    }
+
+    #[test]
+    fn mixed_protocols_and_ports_make_the_union() {
+        let rules = [
+            allow(Some(6), &[(443, 443), (80, 80)]),
+            rule(RuleAction::Deny, Some(17), &[(53, 53)]),
+            rule(
+                RuleAction::Pass,
+                Some(6),
+                &[(1000, 2000), (1500, 2500), (2501, 2600)],
+            ),
+            rule(RuleAction::Log, Some(132), &[(80, 80)]),
+        ];
+        assert_eq!(
+            jump_guard(&rules).as_deref(),
+            Some("meta l4proto { 6, 17, 132 } th dport { 53, 80, 443, 1000-2600 }")
+        );
+    }
+
+    #[test]
+    fn a_protocol_without_ports_drops_the_port_part() {
+        // Validation refuses ports with such a protocol; the guard must not rely on it.
+        assert_eq!(
+            jump_guard(&[allow(Some(6), &[(80, 80)]), allow(Some(47), &[(80, 80)])]).as_deref(),
+            Some("meta l4proto { 6, 47 }")
+        );
+    }
+
+    fn rendered(
+        cfg: &NftConfig,
+        policies: &[(&str, Vec<ResolvedRule>)],
+    ) -> (Vec<PolicyId>, HashMap<PolicyId, RenderedPolicy>) {
+        let mut ids = Vec::new();
+        let mut map = HashMap::new();
+        for (name, inbound) in policies {
+            let id = PolicyId {
+                tier: "default".into(),
+                namespace: "ns".into(),
+                name: (*name).into(),
+            };
+            let pol = ResolvedPolicy {
+                inbound: inbound.clone(),
+                outbound: inbound.clone(),
+                ..ResolvedPolicy::default()
+            };
+            let entry = (
+                Arc::new(pol.clone()),
+                (
+                    rules_chain(&pol.inbound, cfg, name, true),
+                    PolicyCall::new(&pol.inbound, cfg, true),
+                ),
+                (
+                    rules_chain(&pol.outbound, cfg, name, false),
+                    PolicyCall::new(&pol.outbound, cfg, false),
+                ),
+            );
+            map.insert(id.clone(), entry);
+            ids.push(id);
+        }
+        (ids, map)
+    }
+
+    fn texts(c: &ChainSpec) -> Vec<String> {
+        c.rules.iter().map(|r| r.text.clone()).collect()
+    }
+
+    #[test]
+    fn tier_chain_guards_jumps_and_tests_marks_only_when_a_policy_can_set_them() {
+        let cfg = NftConfig::default();
+        let (ids, map) = rendered(
+            &cfg,
+            &[
+                ("web", vec![allow(Some(6), &[(80, 80)])]),
+                ("empty", vec![]),
+                ("pass", vec![rule(RuleAction::Pass, Some(17), &[(53, 53)])]),
+                ("deny", vec![rule(RuleAction::Deny, None, &[])]),
+            ],
+        );
+        let tier = TierInfo {
+            name: "default".into(),
+            default_action: RuleAction::Deny,
+            ingress_policies: ids.clone(),
+            egress_policies: ids.clone(),
+        };
+        let ch = |ingress| texts(&tier_chain(&tier, &ids, ingress, &cfg, &map));
+        let (web, pass, deny) = (0, 2, 3);
+        let ingress = ch(true);
+        assert_eq!(
+            ingress,
+            vec![
+                "meta mark set meta mark and 0xfffcffff".to_string(),
+                format!(
+                    "meta l4proto 6 th dport 80 jump {}",
+                    policy_chain(&ids[web], true)
+                ),
+                format!(
+                    "meta l4proto 17 th dport 53 jump {}",
+                    policy_chain(&ids[pass], true)
+                ),
+                "meta mark and 0x20000 != 0 return".to_string(),
+                format!("jump {}", policy_chain(&ids[deny], true)),
+                "drop comment \"end of tier default\"".to_string(),
+            ]
+        );
+        let egress = ch(false);
+        assert_eq!(
+            egress,
+            vec![
+                "meta mark set meta mark and 0xfffcffff".to_string(),
+                format!(
+                    "meta l4proto 6 th dport 80 jump {}",
+                    policy_chain(&ids[web], false)
+                ),
+                "meta mark and 0x10000 != 0 return".to_string(),
+                format!(
+                    "meta l4proto 17 th dport 53 jump {}",
+                    policy_chain(&ids[pass], false)
+                ),
+                "meta mark and 0x20000 != 0 return".to_string(),
+                format!("jump {}", policy_chain(&ids[deny], false)),
+                "drop comment \"end of tier default\"".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unknown_policy_is_jumped_to_unguarded_and_tested() {
+        let cfg = NftConfig::default();
+        let id = PolicyId {
+            tier: "default".into(),
+            namespace: String::new(),
+            name: "gone".into(),
+        };
+        let tier = TierInfo {
+            name: "default".into(),
+            default_action: RuleAction::Pass,
+            ingress_policies: vec![id.clone()],
+            egress_policies: vec![],
+        };
+        assert_eq!(
+            texts(&tier_chain(
+                &tier,
+                &tier.ingress_policies,
+                true,
+                &cfg,
+                &HashMap::new()
+            )),
+            vec![
+                "meta mark set meta mark and 0xfffcffff".to_string(),
+                format!("jump {}", policy_chain(&id, true)),
+                "meta mark and 0x30000 != 0 return".to_string(),
+                "meta mark set meta mark | 0x20000 return".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn allow_accepts_in_ingress_and_returns_in_egress() {
+        let cfg = NftConfig::default();
+        let r = allow(Some(6), &[(80, 80)]);
+        let ingress = render_rule(&r, &cfg, "p", true);
+        let egress = render_rule(&r, &cfg, "p", false);
+        assert!(
+            ingress
+                .iter()
+                .all(|t| t.ends_with("meta mark set meta mark | 0x10000 accept")),
+            "{ingress:?}"
+        );
+        assert!(
+            egress
+                .iter()
+                .all(|t| t.ends_with("meta mark set meta mark | 0x10000 return")),
+            "{egress:?}"
+        );
+        // Pass returns in both directions: the tier chain must skip the rest of the tier.
+        let p = rule(RuleAction::Pass, Some(6), &[]);
+        assert!(
+            render_rule(&p, &cfg, "p", true)
+                .iter()
+                .all(|t| t.ends_with("| 0x20000 return"))
+        );
+    }
 }
