@@ -1366,6 +1366,11 @@ fn measure(client_ns: &str, server_ns: &str, to: &str, secs: u64) -> Result<(f64
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| other(format!("bench server: {e}")))?;
+    // Each connection leaves a socket in TIME_WAIT on the client for 60 s: with the default
+    // port range a few seconds of connecting use up the ports, and the next run would measure
+    // port exhaustion instead of the datapath. Both settings are per namespace (the client's).
+    net::sysctl(client_ns, "net.ipv4.ip_local_port_range", "1024 65535")?;
+    net::sysctl(client_ns, "net.ipv4.tcp_tw_reuse", "1")?;
     std::thread::sleep(Duration::from_millis(300));
     let counted = net::run(net::in_netns(client_ns, &exe).args([
         "lab",
