@@ -127,46 +127,7 @@ impl Cluster {
             ("db", "10.65.0.2", "calidb00"),
             ("client", "10.65.0.3", "calicli0"),
         ] {
-            let ns = Netns::new(&format!("nft-{name}")).unwrap();
-            node.link_to(iface, &ns, "eth0").unwrap();
-            ns.add_addr("eth0", &format!("{ip}/32")).unwrap();
-            ns.set_up("eth0").unwrap();
-            ns.ip(&[
-                "route",
-                "add",
-                "169.254.1.1",
-                "dev",
-                "eth0",
-                "scope",
-                "link",
-            ])
-            .unwrap();
-            ns.ip(&[
-                "route",
-                "add",
-                "default",
-                "via",
-                "169.254.1.1",
-                "dev",
-                "eth0",
-            ])
-            .unwrap();
-            node.set_up(iface).unwrap();
-            node.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1")
-                .unwrap();
-            // As the CNI plugin does: answer proxy ARP at once.
-            node.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0")
-                .unwrap();
-            node.ip(&[
-                "route",
-                "add",
-                &format!("{ip}/32"),
-                "dev",
-                iface,
-                "scope",
-                "link",
-            ])
-            .unwrap();
+            let ns = node.add_pod(&format!("nft-{name}"), ip, iface).unwrap();
             for port in ["80", "8080"] {
                 listeners.push(
                     ns.exec("nc")

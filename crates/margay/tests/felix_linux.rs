@@ -192,46 +192,7 @@ impl Env {
 }
 
 fn pod(node: &Netns, name: &str, ip: &'static str, iface: &str) -> Netns {
-    let ns = Netns::new(&format!("fl-{name}")).unwrap();
-    node.link_to(iface, &ns, "eth0").unwrap();
-    ns.add_addr("eth0", &format!("{ip}/32")).unwrap();
-    ns.set_up("eth0").unwrap();
-    ns.ip(&[
-        "route",
-        "add",
-        "169.254.1.1",
-        "dev",
-        "eth0",
-        "scope",
-        "link",
-    ])
-    .unwrap();
-    ns.ip(&[
-        "route",
-        "add",
-        "default",
-        "via",
-        "169.254.1.1",
-        "dev",
-        "eth0",
-    ])
-    .unwrap();
-    node.set_up(iface).unwrap();
-    node.sysctl(&format!("net.ipv4.conf.{iface}.proxy_arp"), "1")
-        .unwrap();
-    node.sysctl(&format!("net.ipv4.neigh.{iface}.proxy_delay"), "0")
-        .unwrap();
-    node.ip(&[
-        "route",
-        "add",
-        &format!("{ip}/32"),
-        "dev",
-        iface,
-        "scope",
-        "link",
-    ])
-    .unwrap();
-    ns
+    node.add_pod(&format!("fl-{name}"), ip, iface).unwrap()
 }
 
 fn setup() -> Env {

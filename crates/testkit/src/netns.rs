@@ -117,6 +117,48 @@ impl Netns {
     pub fn set_down(&self, dev: &str) -> io::Result<()> {
         self.ip(&["link", "set", dev, "down"]).map(drop)
     }
+
+    /// Makes a pod namespace (name from `prefix`) wired to this node namespace the way the
+    /// CNI plugin wires a workload: `eth0` in the pod with `ip`/32, routes to 169.254.1.1 and a
+    /// default through it; `host_iface` here with proxy ARP (answering at once) and a
+    /// scope-link route to the pod.
+    pub fn add_pod(&self, prefix: &str, ip: &str, host_iface: &str) -> io::Result<Netns> {
+        let pod = Netns::new(prefix)?;
+        self.link_to(host_iface, &pod, "eth0")?;
+        pod.add_addr("eth0", &format!("{ip}/32"))?;
+        pod.set_up("eth0")?;
+        pod.ip(&[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ])?;
+        pod.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+        ])?;
+        self.set_up(host_iface)?;
+        self.sysctl(&format!("net.ipv4.conf.{host_iface}.proxy_arp"), "1")?;
+        self.sysctl(&format!("net.ipv4.neigh.{host_iface}.proxy_delay"), "0")?;
+        self.ip(&[
+            "route",
+            "add",
+            &format!("{ip}/32"),
+            "dev",
+            host_iface,
+            "scope",
+            "link",
+        ])?;
+        Ok(pod)
+    }
 }
 
 impl Drop for Netns {
