@@ -1,0 +1,2 @@
+//! Calico's Kubernetes datastore (KDD) mapping, pure: values in, values out.
+#![forbid(unsafe_code)]
