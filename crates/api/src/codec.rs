@@ -138,6 +138,62 @@ pub fn decode_value(value: Value) -> Result<Resource, DecodeError> {
 }
 
 fn parse_values(input: &str) -> Result<Vec<Value>, SyntaxError> {
+    match parse_stream(input) {
+        Ok(v) => Ok(v),
+        // Not one YAML stream or one JSON stream: split it where calicoctl does (every line
+        // starting with `---`) and read each document on its own, so JSON documents between
+        // `---` lines work as they do with calicoctl.
+        Err(e) if has_separator(input) => {
+            let mut values = Vec::new();
+            for (i, doc) in split_documents(input).into_iter().enumerate() {
+                if doc.trim().is_empty() {
+                    // An empty document still counts, as in a YAML stream.
+                    values.push(Value::Null);
+                    continue;
+                }
+                let parsed = parse_stream(doc).map_err(|d| SyntaxError {
+                    message: format!("document {}: {}", i + 1, d.message),
+                })?;
+                values.extend(parsed);
+            }
+            if values.is_empty() {
+                return Err(e);
+            }
+            Ok(values)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A line starting with `---`: calicoctl's (and Kubernetes') document separator.
+fn has_separator(input: &str) -> bool {
+    input.lines().any(|l| l.starts_with("---"))
+}
+
+/// The documents between separator lines (a separator line's rest is dropped, as calicoctl
+/// does); a separator on the first line opens the first document.
+fn split_documents(input: &str) -> Vec<&str> {
+    let mut docs = Vec::new();
+    let mut start = 0;
+    let mut first = true;
+    let mut offset = 0;
+    for line in input.split_inclusive('\n') {
+        if line.starts_with("---") {
+            if !(first && input[start..offset].trim().is_empty()) {
+                docs.push(&input[start..offset]);
+            }
+            start = offset + line.len();
+        }
+        first = false;
+        offset += line.len();
+    }
+    docs.push(&input[start..]);
+    docs
+}
+
+/// One YAML stream (documents separated by `---`) or one JSON stream (concatenated values; a
+/// top-level array is a list of resources).
+fn parse_stream(input: &str) -> Result<Vec<Value>, SyntaxError> {
     let trimmed = input.trim_start();
     if trimmed.starts_with('{') || trimmed.starts_with('[') {
         let mut values = Vec::new();

@@ -33,6 +33,42 @@ fn json_objects_streams_and_arrays() {
     assert_eq!(decode_one(one).unwrap().name(), "a");
 }
 
+/// calicoctl splits its input at lines starting with `---` and reads each document as YAML
+/// or JSON: JSON documents between separators, with or without a leading one, and JSON
+/// indented with tabs (which YAML does not allow) all read.
+#[test]
+fn json_documents_separated_like_yaml() {
+    let one = |n: &str| {
+        format!(
+            "{{\n\t\"apiVersion\": \"projectcalico.org/v3\",\n\t\"kind\": \"Tier\",\n\t\"metadata\": {{\"name\": \"{n}\"}}\n}}"
+        )
+    };
+    for input in [
+        format!("{}\n---\n{}\n", one("a"), one("b")),
+        format!("---\n{}\n---\n{}\n", one("a"), one("b")),
+        format!("--- # first\n{}\n---\n\n---\n{}", one("a"), one("b")),
+        format!(
+            "{}\n---\napiVersion: projectcalico.org/v3\nkind: Tier\nmetadata: {{name: b}}\n",
+            one("a")
+        ),
+    ] {
+        let docs = decode_documents(&input).unwrap_or_else(|e| panic!("{e}: {input}"));
+        let names: Vec<&str> = docs
+            .iter()
+            .map(|d| d.result.as_ref().unwrap().name())
+            .collect();
+        assert_eq!(names, vec!["a", "b"], "{input}");
+        assert!(docs[1].position.document > docs[0].position.document);
+    }
+    // A broken document is named.
+    let err = decode_documents(&format!("{}\n---\n{{\"kind\": }}\n", one("a"))).unwrap_err();
+    assert!(
+        err.message.starts_with("document 2: invalid JSON"),
+        "{}",
+        err.message
+    );
+}
+
 #[test]
 fn list_kinds_expand_and_items_may_omit_type_meta() {
     let input = r#"

@@ -405,6 +405,40 @@ fn apply_creates_then_reports_unchanged_then_updated() {
 }
 
 #[test]
+fn apply_reads_json_documents_separated_by_dashes() {
+    let ctl = Ctl::new();
+    let doc = |name: &str, cidr: &str| {
+        format!(
+            r#"{{"apiVersion": "projectcalico.org/v3", "kind": "IPPool", "metadata": {{"name": "{name}"}}, "spec": {{"cidr": "{cidr}"}}}}"#
+        )
+    };
+    let f = ctl.file(
+        "pools.json",
+        &format!(
+            "{}\n---\n{}\n",
+            doc("a", "10.1.0.0/16"),
+            doc("b", "10.2.0.0/16")
+        ),
+    );
+    let o = ctl.run(&["apply", "-f", &f]);
+    assert_eq!(o.code, EXIT_OK, "{o:?}");
+    assert_eq!(
+        o.out, "Successfully applied 2 'IPPool' resource(s)\n",
+        "{o:?}"
+    );
+    let o = ctl.run_stdin(
+        &["apply", "-f", "-"],
+        &format!(
+            "---\n{}\n---\n{}\n",
+            doc("c", "10.3.0.0/16"),
+            doc("d", "10.4.0.0/16")
+        ),
+    );
+    assert_eq!(o.code, EXIT_OK, "{o:?}");
+    assert_eq!(ctl.count(Kind::IPPool), 4);
+}
+
+#[test]
 fn apply_with_a_stale_resource_version_is_a_conflict() {
     let ctl = Ctl::new();
     let f = ctl.file("pool.yaml", &pool("pool-a", "10.1.0.0/16"));
