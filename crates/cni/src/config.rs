@@ -24,6 +24,8 @@ pub const DEFAULT_MTU_FILE: &str = "/var/lib/calico/mtu";
 pub const DEFAULT_MTU: u32 = 1500;
 /// Overrides the IPAM lock path (tests; several nodes on one machine).
 pub const ENV_LOCK_FILE: &str = "MARGAY_IPAM_LOCK_FILE";
+/// Overrides the MTU file Felix writes and the plugin reads (Felix's MARGAY_MTU_FILE).
+pub const ENV_MTU_FILE: &str = "MARGAY_MTU_FILE";
 
 /// A boolean that Calico's configs write either as `true` or as `"true"`.
 fn lenient_bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
@@ -537,6 +539,14 @@ fn parse_labels(v: &Value) -> Result<BTreeMap<String, String>, CniError> {
         _ => return Err(bad()),
     }
     Ok(out)
+}
+
+/// The MTU file Felix writes: MARGAY_MTU_FILE, else Calico's.
+pub fn mtu_file(env: &Env) -> PathBuf {
+    env.get(ENV_MTU_FILE)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_MTU_FILE))
 }
 
 /// The IPAM lock path: MARGAY_IPAM_LOCK_FILE, else the config's `ipam_lock_file`, else

@@ -21,8 +21,7 @@ use margay_ipam::{AssignArgs, AssignedIp, HostLock, Ipam, IpamError};
 use serde_json::Value;
 
 use crate::config::{
-    self, CmdArgs, Command, DEFAULT_MTU, DEFAULT_MTU_FILE, DEFAULT_NODENAME_FILE, Env, NetConf,
-    WorkloadArgs,
+    self, CmdArgs, Command, DEFAULT_MTU, DEFAULT_NODENAME_FILE, Env, NetConf, WorkloadArgs,
 };
 use crate::dataplane::{self, DataplaneError};
 use crate::spec::{CniError, CniResult, Interface, IpConfig, Version, code, version_info};
@@ -333,7 +332,7 @@ impl Call {
         if self.conf.mtu > 0 {
             return self.conf.mtu;
         }
-        std::fs::read_to_string(DEFAULT_MTU_FILE)
+        std::fs::read_to_string(config::mtu_file(&self.env))
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .filter(|m| *m > 0)
@@ -394,6 +393,10 @@ impl Call {
         let store = self.connect().await?;
         tracing::info!(container = %self.args.container_id, handle = %ident.handle(), datastore = %store.describe, "ADD");
         tracing::debug!(elapsed = ?started.elapsed(), "datastore open");
+        if self.kind == PluginKind::Main {
+            // First, so that a failure leaves nothing behind.
+            self.ensure_network_profile(&store, &ident).await?;
+        }
 
         let assigned = if self.builtin_ipam() {
             self.addresses(&store, &ident, &w).await?.0
@@ -464,6 +467,45 @@ impl Call {
                 self.roll_back(&store, &ident).await;
                 Err(e)
             }
+        }
+    }
+
+    /// Calico's profile handling: unless the config names a policy handler (`policy.type`),
+    /// the network's profile (`workload::network_profile`) is created when it does not exist,
+    /// and never updated. Two ADDs racing to create it both succeed.
+    async fn ensure_network_profile(
+        &self,
+        store: &Store,
+        ident: &Identity,
+    ) -> Result<(), CniError> {
+        if !self.conf.policy.policy_type.is_empty() {
+            return Ok(());
+        }
+        let key = ResourceKey {
+            kind: Kind::Profile,
+            namespace: String::new(),
+            name: self.conf.name.clone(),
+        };
+        match store.client.get(&key).await {
+            Ok(_) => return Ok(()),
+            Err(DatastoreError::NotFound { .. }) => {}
+            Err(e) => return Err(datastore_error("reading the network's profile", e)),
+        }
+        let profile = crate::workload::network_profile(&self.conf.name, ident.is_k8s());
+        match store.client.create(Resource::Profile(profile)).await {
+            Ok(_) => {
+                tracing::info!(profile = %self.conf.name, "created the network's profile");
+                Ok(())
+            }
+            Err(DatastoreError::AlreadyExists { .. }) => Ok(()),
+            Err(e @ DatastoreError::Validation { .. }) => Err(CniError::new(
+                code::INVALID_CONFIG,
+                format!(
+                    "the network name {:?} cannot name its profile: {e} (use a name of lower-case letters, digits, '-' and '.', or set policy.type to manage policy elsewhere)",
+                    self.conf.name
+                ),
+            )),
+            Err(e) => Err(datastore_error("creating the network's profile", e)),
         }
     }
 

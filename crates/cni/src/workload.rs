@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use margay_api::endpoint::WorkloadEndpointSpec;
-use margay_api::{ObjectMeta, WorkloadEndpoint};
+use margay_api::policy::{Action, ProfileSpec, Rule};
+use margay_api::{ObjectMeta, Profile, WorkloadEndpoint};
 use sha1::{Digest, Sha1};
 
 use crate::config::{CmdArgs, WorkloadArgs};
@@ -183,6 +184,32 @@ impl Identity {
     }
 }
 
+/// The profile Calico's plugin creates for a network when it is missing (and the config names
+/// no policy handler): named after the network, egress allowed, and ingress allowed from
+/// everything for Kubernetes (its pods' policy comes from elsewhere) or, for any other
+/// orchestrator, only from endpoints carrying the network's label, which the profile applies
+/// to its own endpoints: workloads on one network reach each other, nothing else reaches them.
+pub fn network_profile(network: &str, k8s: bool) -> Profile {
+    let ingress = if k8s {
+        Rule::new(Action::Allow)
+    } else {
+        let mut r = Rule::new(Action::Allow);
+        r.source.selector = format!("has({network})");
+        r
+    };
+    Profile::new(
+        ObjectMeta {
+            name: network.to_string(),
+            ..ObjectMeta::default()
+        },
+        ProfileSpec {
+            ingress: vec![ingress],
+            egress: vec![Rule::new(Action::Allow)],
+            labels_to_apply: BTreeMap::from([(network.to_string(), String::new())]),
+        },
+    )
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -265,5 +292,23 @@ mod tests {
         let attrs = k.ipam_attrs("now");
         assert_eq!(attrs["pod"], "web-0");
         assert_eq!(attrs["node"], "node-1");
+    }
+
+    #[test]
+    fn network_profiles_are_calicos() {
+        let p = network_profile("margaynet", false);
+        assert_eq!(p.metadata.name, "margaynet");
+        assert_eq!(p.spec.egress, vec![Rule::new(Action::Allow)]);
+        assert_eq!(p.spec.ingress.len(), 1);
+        assert_eq!(p.spec.ingress[0].action, Action::Allow);
+        assert_eq!(p.spec.ingress[0].source.selector, "has(margaynet)");
+        assert_eq!(
+            p.spec.labels_to_apply,
+            BTreeMap::from([("margaynet".to_string(), String::new())])
+        );
+        let r = margay_api::Resource::Profile(p);
+        assert!(r.validate().is_ok(), "{:?}", r.validate());
+        let k = network_profile("k8s-pod-network", true);
+        assert_eq!(k.spec.ingress, vec![Rule::new(Action::Allow)]);
     }
 }

@@ -1214,3 +1214,61 @@ fn killed_at_random_moments_then_del_leaks_nothing() {
         );
     }
 }
+
+/// A runtime that is not Kubernetes (orchestrator `cni`, as podman: only K8S_POD_NAME in
+/// CNI_ARGS) gets the network's profile made for it, as Calico's plugin makes it: created once
+/// even by simultaneous ADDs, egress allowed, ingress from the network's own endpoints. With a
+/// policy handler (`policy.type`) no profile is made.
+#[test]
+fn the_networks_profile_is_made_for_other_runtimes() {
+    if skip() {
+        return;
+    }
+    let node = Node::new(&[pool("p4", "10.92.0.0/24", 26)]);
+    let conf = node.conf(json!({"name": "margaynet", "log_level": "warn"}));
+    let pods: Vec<Pod> = (0..6).map(|i| node.pod(&format!("net-{i}"))).collect();
+    let children: Vec<Child> = pods
+        .iter()
+        .map(|p| {
+            let args = format!("IgnoreUnknown=1;K8S_POD_NAME={}", p.name);
+            node.spawn(&exe(), "ADD", p, &conf, &[("CNI_ARGS", &args)])
+        })
+        .collect();
+    for c in children {
+        let o = finish(c, RUN_TIMEOUT);
+        assert!(o.status.success(), "{}", show(&o));
+    }
+    let o = node.ctl(&["get", "profile", "margaynet", "-o", "json"]);
+    assert!(o.status.success(), "{}", show(&o));
+    let p: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(p["spec"]["egress"], json!([{"action": "Allow"}]));
+    assert_eq!(
+        p["spec"]["ingress"],
+        json!([{"action": "Allow", "source": {"selector": "has(margaynet)"}}])
+    );
+    assert_eq!(p["spec"]["labelsToApply"], json!({"margaynet": ""}));
+    let o = node.ctl(&["get", "workloadendpoints", "-n", "default", "-o", "json"]);
+    let weps: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let items = weps["items"].as_array().unwrap();
+    assert_eq!(items.len(), 6, "{weps}");
+    assert!(
+        items
+            .iter()
+            .all(|w| w["spec"]["orchestrator"] == "cni"
+                && w["spec"]["profiles"] == json!(["margaynet"])),
+        "{weps}"
+    );
+    for p in &pods {
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAME={}", p.name);
+        let o = node.run("DEL", p, &conf, &[("CNI_ARGS", &args)]);
+        assert!(o.status.success(), "{}", show(&o));
+    }
+
+    // A policy handler: no profile.
+    let k8s = node.conf(json!({"name": "othernet", "policy": {"type": "k8s"}}));
+    let pod = node.pod("net-k8s");
+    node.add(&pod, &k8s);
+    assert!(!node.ctl(&["get", "profile", "othernet"]).status.success());
+    node.del(&pod, &k8s);
+    node.assert_clean();
+}
