@@ -257,6 +257,9 @@ pub struct CalcGraph {
     sent_namespaces: HashMap<String, BTreeMap<String, String>>,
     sent_service_accounts: HashMap<String, BTreeMap<String, String>>,
     sent_encap: Option<Encap>,
+    /// The service CIDRs of BGPConfiguration `default` (none when it is absent).
+    service_cidrs: ServiceCidrs,
+    sent_service_cidrs: Option<ServiceCidrs>,
 
     // What changed since the last flush.
     dirty_eps: BTreeSet<ItemKey>,
@@ -371,6 +374,8 @@ impl CalcGraph {
             sent_namespaces: HashMap::new(),
             sent_service_accounts: HashMap::new(),
             sent_encap: None,
+            service_cidrs: ServiceCidrs::default(),
+            sent_service_cidrs: None,
             dirty_eps: BTreeSet::new(),
             dirty_policies: BTreeSet::new(),
             dirty_profiles: BTreeSet::new(),
@@ -534,6 +539,20 @@ impl CalcGraph {
                 });
                 self.update_node(&key.name, spec);
                 Ok(())
+            }
+            (Kind::BGPConfiguration, v) => {
+                // Only the cluster-wide `default` carries the service addresses Felix uses.
+                if key.name != "default" {
+                    Ok(())
+                } else {
+                    let parsed = match v {
+                        Some(Resource::BGPConfiguration(b)) => ServiceCidrs::of(&b.spec),
+                        _ => Ok(ServiceCidrs::default()),
+                    };
+                    // One that cannot be used counts as absent (and is reported).
+                    self.service_cidrs = parsed.clone().unwrap_or_default();
+                    parsed.map(drop)
+                }
             }
             (Kind::IPPool, v) => {
                 let spec = v.and_then(|r| match r {
@@ -2120,6 +2139,12 @@ impl CalcGraph {
                 vxlan_v6: encap.vxlan_v6,
             });
             self.sent_encap = Some(encap);
+        }
+        if self.sent_service_cidrs.as_ref() != Some(&self.service_cidrs)
+            && (self.sent_service_cidrs.is_some() || !self.service_cidrs.is_empty())
+        {
+            out.push(Message::GlobalBgpConfig(self.service_cidrs.clone()));
+            self.sent_service_cidrs = Some(self.service_cidrs.clone());
         }
         if self.in_sync_pending {
             self.in_sync_pending = false;

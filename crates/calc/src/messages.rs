@@ -412,6 +412,51 @@ pub enum Message {
         vxlan: bool,
         vxlan_v6: bool,
     },
+    /// The service addresses of BGPConfiguration `default` (Calico's GlobalBGPConfigUpdate):
+    /// what ServiceLoopPrevention protects.
+    GlobalBgpConfig(ServiceCidrs),
+}
+
+/// Service address ranges a cluster advertises (BGPConfiguration `serviceClusterIPs`,
+/// `serviceExternalIPs`, `serviceLoadBalancerIPs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize)]
+pub struct ServiceCidrs {
+    pub cluster: Vec<Cidr>,
+    pub external: Vec<Cidr>,
+    pub load_balancer: Vec<Cidr>,
+}
+
+impl ServiceCidrs {
+    /// The ranges of a BGPConfiguration spec; a CIDR that does not parse is an error naming it.
+    pub fn of(spec: &margay_api::bgp::BGPConfigurationSpec) -> Result<ServiceCidrs, String> {
+        let parse = |field: &str, blocks: &[margay_api::bgp::CidrBlock]| {
+            blocks
+                .iter()
+                .map(|b| {
+                    Cidr::parse(&b.cidr)
+                        .map(|c| c.network())
+                        .map_err(|e| format!("{field}: {:?}: {e}", b.cidr))
+                })
+                .collect::<Result<Vec<Cidr>, String>>()
+        };
+        Ok(ServiceCidrs {
+            cluster: parse("serviceClusterIPs", &spec.service_cluster_ips)?,
+            external: parse("serviceExternalIPs", &spec.service_external_ips)?,
+            load_balancer: parse("serviceLoadBalancerIPs", &spec.service_load_balancer_ips)?,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.cluster.is_empty() && self.external.is_empty() && self.load_balancer.is_empty()
+    }
+
+    /// Every range.
+    pub fn all(&self) -> impl Iterator<Item = &Cidr> {
+        self.cluster
+            .iter()
+            .chain(&self.external)
+            .chain(&self.load_balancer)
+    }
 }
 
 impl Message {
@@ -444,6 +489,7 @@ impl Message {
             Message::VtepUpdate(_) => "VXLANTunnelEndpointUpdate",
             Message::VtepRemove { .. } => "VXLANTunnelEndpointRemove",
             Message::Encapsulation { .. } => "Encapsulation",
+            Message::GlobalBgpConfig(_) => "GlobalBGPConfigUpdate",
         }
     }
 }

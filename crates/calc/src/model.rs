@@ -27,6 +27,7 @@ pub struct DataplaneModel {
     pub routes: BTreeMap<Cidr, Route>,
     pub vteps: BTreeMap<String, Vtep>,
     pub encapsulation: Option<(bool, bool, bool)>,
+    pub service_cidrs: crate::ServiceCidrs,
 }
 
 /// A message that broke the dataplane's ordering contract.
@@ -209,6 +210,7 @@ impl DataplaneModel {
                 vxlan,
                 vxlan_v6,
             } => self.encapsulation = Some((*ipip, *vxlan, *vxlan_v6)),
+            Message::GlobalBgpConfig(s) => self.service_cidrs = s.clone(),
         }
         Ok(())
     }

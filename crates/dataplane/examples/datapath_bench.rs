@@ -251,6 +251,7 @@ fn main() {
             ..NftRunner::default()
         },
         refresh_interval: Duration::ZERO,
+        flowtable_extra_devices: None,
     });
     driver.mark_dirty();
     driver.sync(&model).unwrap();

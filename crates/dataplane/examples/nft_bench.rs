@@ -153,6 +153,7 @@ fn main() {
             ..NftRunner::default()
         },
         refresh_interval: Duration::ZERO,
+        flowtable_extra_devices: None,
     });
     let mut model = margay_calc::DataplaneModel::default();
     model.apply_all(&msgs).unwrap();

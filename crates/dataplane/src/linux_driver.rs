@@ -4,12 +4,19 @@
 //! Each batch goes into the model first (no kernel access, contract checked); the kernel is
 //! written once per batch, and only after `InSync`. A failed write is retried by
 //! [`DataplaneDriver::housekeeping`], which also runs the periodic drift refresh.
+//!
+//! The one exception is the host's global forwarding settings (IPForwarding), which, as in
+//! Calico's Felix, are made once when the driver starts (its first batch), before the
+//! datastore is in sync: they do not depend on it. The workload interfaces' settings follow
+//! their endpoints after `InSync` ([`crate::linux::interfaces`]).
 
 use std::time::{Duration, Instant};
 
 use margay_calc::Message;
 
+use crate::linux::interfaces::{InterfaceConfig, WorkloadInterfaces};
 use crate::linux::routing::{Routing, RoutingConfig};
+use crate::linux::sysctl::{ProcSys, Sysctl};
 use crate::nft_driver::{NftDriver, NftDriverConfig, NftStatsHandle};
 use crate::{DataplaneDriver, DataplaneError, Recording, StatusUpdate};
 
@@ -23,6 +30,10 @@ pub struct LinuxDriverConfig {
     /// EndpointStatusPathPrefix: per-endpoint status files under `<prefix>/endpoint-status`
     /// once the endpoint's policy is in (None: no files).
     pub status_prefix: Option<std::path::PathBuf>,
+    /// Global settings made once at start (`linux::sysctl::global_sysctls`: IPForwarding).
+    pub global_sysctls: Vec<Sysctl>,
+    /// The workload interfaces' settings (None: left alone).
+    pub interfaces: Option<InterfaceConfig>,
 }
 
 pub struct LinuxDriver {
@@ -32,6 +43,10 @@ pub struct LinuxDriver {
     route_refresh_interval: Duration,
     last_route_refresh: Instant,
     status_files: Option<crate::status_files::StatusFiles>,
+    sys: ProcSys,
+    /// Global settings still to make (taken on the first batch).
+    global_sysctls: Option<Vec<Sysctl>>,
+    interfaces: Option<WorkloadInterfaces>,
     /// `InSync` arrived but the kernel write it needs has not succeeded yet.
     in_sync_pending: bool,
     in_sync_reported: bool,
@@ -52,6 +67,9 @@ impl LinuxDriver {
                     .status_prefix
                     .as_deref()
                     .map(crate::status_files::StatusFiles::new),
+                sys: ProcSys::default(),
+                global_sysctls: Some(cfg.global_sysctls),
+                interfaces: cfg.interfaces.map(WorkloadInterfaces::new),
                 in_sync_pending: false,
                 in_sync_reported: false,
             },
@@ -80,6 +98,43 @@ impl LinuxDriver {
             }
         }
         Ok(out)
+    }
+
+    /// The global settings, once (Calico's `configureKernel`): a failure is logged, not
+    /// retried, as in Calico.
+    fn configure_kernel(&mut self) {
+        let Some(settings) = self.global_sysctls.take() else {
+            return;
+        };
+        if settings.is_empty() {
+            tracing::info!("IPForwarding is Disabled: leaving the forwarding sysctls untouched");
+            return;
+        }
+        let r = self.sys.apply(&settings);
+        for s in &r.written {
+            tracing::info!(setting = %s.dotted(), value = %s.value, "turned on forwarding for workloads");
+        }
+        for (s, e) in &r.failed {
+            tracing::error!(setting = %s.dotted(), "cannot set {}: {e} (workloads will not be reachable through this host)", s.value);
+        }
+    }
+
+    /// Configures workload interfaces that are due (new, retried, or the periodic check).
+    fn write_interfaces(&mut self) {
+        let Some(ifaces) = &mut self.interfaces else {
+            return;
+        };
+        let now = Instant::now();
+        if !ifaces.needs_apply(now) {
+            return;
+        }
+        let r = ifaces.apply(&self.sys, now);
+        for e in &r.errors {
+            tracing::warn!("workload interface settings: {e}; will retry");
+        }
+        if !r.missing.is_empty() {
+            tracing::debug!(interfaces = ?r.missing, "workload interfaces do not exist yet; their settings wait");
+        }
     }
 
     /// Programs routes and VXLAN when something changed (or `force`, for the refresh).
@@ -113,6 +168,7 @@ impl DataplaneDriver for LinuxDriver {
     }
 
     fn apply(&mut self, batch: &[Message]) -> Result<Vec<StatusUpdate>, DataplaneError> {
+        self.configure_kernel();
         {
             let mut st = self.state.lock();
             st.model.apply_all(batch)?;
@@ -127,8 +183,15 @@ impl DataplaneDriver for LinuxDriver {
         if let Some(r) = &mut self.routing {
             r.on_messages(batch);
         }
-        // Policy first, then routes: a new workload is reachable only once its policy is in.
+        if let Some(i) = &mut self.interfaces {
+            for m in batch {
+                i.on_message(m);
+            }
+        }
+        // Policy first, then interfaces and routes: a new workload is reachable only once its
+        // policy is in.
         let written = self.write();
+        self.write_interfaces();
         self.write_routes(false);
         let mut status = written?;
         status.extend(self.nft.endpoint_statuses(batch));
@@ -136,6 +199,7 @@ impl DataplaneDriver for LinuxDriver {
     }
 
     fn housekeeping(&mut self) -> Result<Vec<StatusUpdate>, DataplaneError> {
+        self.configure_kernel();
         let mut out = Vec::new();
         if self.nft.is_dirty() {
             out.extend(self.write()?);
@@ -146,6 +210,7 @@ impl DataplaneDriver for LinuxDriver {
         if refresh {
             self.last_route_refresh = now;
         }
+        self.write_interfaces();
         self.write_routes(refresh);
         let st = self.state.lock();
         self.nft.refresh_if_due(&st.model, Instant::now())?;

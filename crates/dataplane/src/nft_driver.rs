@@ -7,6 +7,7 @@
 //! transaction. A periodic refresh reads the table back again and repairs drift (a rule or
 //! element someone removed), counting the repairs.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,23 @@ pub struct NftDriverConfig {
     pub runner: NftRunner,
     /// How often the table is read back to repair drift (0: never).
     pub refresh_interval: Duration,
+    /// NFTablesFlowTableOffload `All`: offload established flows to a flowtable holding the
+    /// workload interfaces and these host interfaces (NFTablesFlowTableDataIfacePattern),
+    /// if the kernel has flowtables (probed at the first write; without them, a warning and
+    /// no offload, as in Calico).
+    pub flowtable_extra_devices: Option<Vec<String>>,
+}
+
+/// The flowtable as the driver keeps it.
+#[derive(Debug)]
+struct Flowtable {
+    extra: Vec<String>,
+    /// The kernel has flowtables (None: not probed yet).
+    supported: Option<bool>,
+    /// The flowtable exists in the table.
+    declared: bool,
+    /// Interfaces added to it.
+    devices: BTreeSet<String>,
 }
 
 /// Counters and sizes for metrics and the status API.
@@ -48,6 +66,8 @@ pub struct NftStats {
     pub endpoints: Vec<EndpointChains>,
     /// IP-set (nft set) name → element count.
     pub set_sizes: Vec<(String, usize)>,
+    /// NFTablesFlowTableOffload: whether established flows are offloaded, and why not.
+    pub flow_offload: Option<String>,
 }
 
 /// Shared view of the driver's stats.
@@ -69,11 +89,41 @@ pub struct NftDriver {
     last_refresh: Instant,
     stats: NftStatsHandle,
     dirty: bool,
+    flowtable: Option<Flowtable>,
+}
+
+/// Interface names in the network namespace `runner` works in.
+fn interfaces(runner: &NftRunner) -> BTreeSet<String> {
+    let text = match &runner.netns {
+        Some(ns) => std::process::Command::new("ip")
+            .args(["-n", ns, "-o", "link", "show"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .map(|n| n + ":")
+            .collect::<Vec<_>>()
+            .join("\n"),
+        None => std::fs::read_to_string("/proc/net/dev").unwrap_or_default(),
+    };
+    text.lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, _)| n.trim().to_string())
+        .filter(|n| !n.is_empty() && !n.contains(' '))
+        .collect()
 }
 
 impl NftDriver {
     pub fn new(cfg: NftDriverConfig) -> (NftDriver, NftStatsHandle) {
         let stats = NftStatsHandle::default();
+        let flowtable = cfg.flowtable_extra_devices.clone().map(|extra| Flowtable {
+            extra,
+            supported: None,
+            declared: false,
+            devices: BTreeSet::new(),
+        });
         (
             NftDriver {
                 cfg,
@@ -82,6 +132,7 @@ impl NftDriver {
                 last_refresh: Instant::now(),
                 stats: stats.clone(),
                 dirty: false,
+                flowtable,
             },
             stats,
         )
@@ -106,6 +157,7 @@ impl NftDriver {
         if !model.in_sync || !self.dirty {
             return Ok(TxStats::default());
         }
+        self.probe_flowtable();
         let started = Instant::now();
         let (desired, summaries) = self.renderer.render(model, &self.cfg.nft);
         let rendered = started.elapsed();
@@ -126,6 +178,9 @@ impl NftDriver {
         stats.last_nft_seconds = started.elapsed().saturating_sub(diffed).as_secs_f64();
         match result {
             Ok(()) => {
+                drop(stats);
+                self.add_flowtable_devices(model);
+                let mut stats = self.stats.lock();
                 self.programmed = Some(Fingerprint::of(&desired));
                 self.dirty = false;
                 if wrote {
@@ -148,6 +203,9 @@ impl NftDriver {
                 // The failing step was rolled back (earlier ones stand): read the kernel again
                 // before the next write.
                 self.programmed = None;
+                if let Some(ft) = &mut self.flowtable {
+                    ft.declared = false;
+                }
                 stats.failed_transactions += 1;
                 stats.last_error = Some(e.to_string());
                 tracing::warn!("nftables update failed (will retry): {e}");
@@ -159,12 +217,111 @@ impl NftDriver {
         }
     }
 
+    /// Probes once whether the kernel has flowtables, when offload is asked for; without
+    /// them, says so once and renders no offload rule (Calico's behaviour).
+    fn probe_flowtable(&mut self) {
+        let Some(ft) = &mut self.flowtable else {
+            return;
+        };
+        if ft.supported.is_some() {
+            return;
+        }
+        let probe_table = format!("{}-ftprobe", self.cfg.nft.table);
+        let script = format!(
+            "add table inet {probe_table}\n{}\ndelete table inet {probe_table}\n",
+            crate::nft::render::flowtable_decl(&probe_table, &[])
+        );
+        let why = match self.cfg.runner.apply(&script) {
+            Ok(()) => None,
+            Err(e) => {
+                // Leave nothing behind if the delete did not run.
+                let _ = self
+                    .cfg
+                    .runner
+                    .apply(&format!("delete table inet {probe_table}\n"));
+                Some(e.to_string())
+            }
+        };
+        ft.supported = Some(why.is_none());
+        self.cfg.nft.flow_offload = why.is_none();
+        let mut stats = self.stats.lock();
+        match why {
+            None => {
+                tracing::info!(
+                    "NFTablesFlowTableOffload: established flows are offloaded to the flowtable"
+                );
+                stats.flow_offload = Some("enabled".into());
+            }
+            Some(e) => {
+                tracing::warn!(
+                    "NFTablesFlowTableOffload is All but the kernel does not support nftables flowtables (nf_flow_table unavailable: {e}); continuing without offload"
+                );
+                stats.flow_offload = Some(format!("unavailable: {e}"));
+            }
+        }
+    }
+
+    /// Adds workload interfaces (and the data interfaces) that exist to the flowtable; the
+    /// kernel drops an interface from it when the interface goes.
+    fn add_flowtable_devices(&mut self, model: &DataplaneModel) {
+        let Some(ft) = &mut self.flowtable else {
+            return;
+        };
+        if ft.supported != Some(true) || !ft.declared {
+            return;
+        }
+        let present = interfaces(&self.cfg.runner);
+        let wanted: BTreeSet<String> = model
+            .workload_endpoints
+            .values()
+            .map(|e| e.interface.clone())
+            .chain(ft.extra.iter().cloned())
+            .filter(|i| present.contains(i))
+            .collect();
+        ft.devices.retain(|d| wanted.contains(d));
+        let new: Vec<String> = wanted.difference(&ft.devices).cloned().collect();
+        if new.is_empty() {
+            return;
+        }
+        let text = crate::nft::render::flowtable_decl(&self.cfg.nft.table, &new);
+        match self.cfg.runner.apply(&format!("{text}\n")) {
+            Ok(()) => ft.devices.extend(new),
+            Err(e) => {
+                tracing::warn!(devices = ?new, "adding interfaces to the flowtable failed (will retry): {e}")
+            }
+        }
+    }
+
     /// Carries out a plan: nft for declarations and chains, netlink for elements.
-    fn execute(&self, plan: &Plan) -> Result<(), String> {
-        let table = &self.cfg.nft.table;
-        let runner = &self.cfg.runner;
+    fn execute(&mut self, plan: &Plan) -> Result<(), String> {
+        let table = self.cfg.nft.table.clone();
+        let table = &table;
+        let runner = self.cfg.runner.clone();
+        let runner = &runner;
+        // The offload rule refers to the flowtable: it must exist before any chain does.
+        let offload = self.cfg.nft.flow_offload;
+        let flowtable_decl = format!("{}\n", crate::nft::render::flowtable_decl(table, &[]));
         if let Some(text) = &plan.full_replacement {
-            return runner.apply(text).map_err(|e| e.to_string());
+            let text = if offload {
+                let add_table = format!("add table inet {table}\n");
+                text.replacen(&add_table, &format!("{add_table}{flowtable_decl}"), 1)
+            } else {
+                text.clone()
+            };
+            runner.apply(&text).map_err(|e| e.to_string())?;
+            if let Some(ft) = &mut self.flowtable {
+                ft.declared = offload;
+                ft.devices.clear();
+            }
+            return Ok(());
+        }
+        if offload && self.flowtable.as_ref().is_some_and(|f| !f.declared) {
+            runner
+                .apply(&format!("add table inet {table}\n{flowtable_decl}"))
+                .map_err(|e| e.to_string())?;
+            if let Some(ft) = &mut self.flowtable {
+                ft.declared = true;
+            }
         }
         if !plan.declare.is_empty() {
             runner.apply(&plan.declare).map_err(|e| e.to_string())?;
@@ -219,6 +376,10 @@ impl NftDriver {
     /// Reads the table back now and repairs drift. Returns whether anything was repaired.
     pub fn refresh(&mut self, model: &DataplaneModel) -> Result<bool, DataplaneError> {
         self.programmed = None;
+        if let Some(ft) = &mut self.flowtable {
+            // Declared again (a no-op when it is there) in case someone removed it.
+            ft.declared = false;
+        }
         self.dirty = true;
         let tx = self.sync(model)?;
         let mut stats = self.stats.lock();

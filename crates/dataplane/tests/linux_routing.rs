@@ -85,6 +85,7 @@ fn dev(dst: &str, ifname: &str, priority: u32) -> KernelRoute {
             ifname: ifname.into(),
         },
         priority,
+        src: None,
     }
 }
 
@@ -97,6 +98,7 @@ fn via(dst: &str, ifname: &str, gw: &str) -> KernelRoute {
             onlink: true,
         },
         priority: 0,
+        src: None,
     }
 }
 
@@ -186,6 +188,7 @@ fn route_manager_owns_only_protocol_80_routes() {
             dst: c("10.65.0.0/26"),
             target: RouteTarget::Blackhole,
             priority: 0,
+            src: None,
         },
         // Its interface does not exist yet.
         dev("10.65.0.6/32", "cali2", 1024),

@@ -43,6 +43,7 @@ struct Cluster {
     driver: NftDriver,
     model: margay_calc::DataplaneModel,
     current: BTreeMap<ResourceKey, Resource>,
+    stats: margay_dataplane::nft_driver::NftStatsHandle,
     _listeners: Listeners,
 }
 
@@ -104,6 +105,16 @@ fn base_resources() -> Vec<Resource> {
 
 impl Cluster {
     fn new() -> Cluster {
+        Cluster::with(
+            NftConfig {
+                ipv6: false,
+                ..NftConfig::default()
+            },
+            None,
+        )
+    }
+
+    fn with(nft: NftConfig, flowtable: Option<Vec<String>>) -> Cluster {
         let node = Netns::new("nft-node").unwrap();
         node.sysctl("net.ipv4.ip_forward", "1").unwrap();
         // A default route, as every real node has: proxy ARP answers for 169.254.1.1 only
@@ -141,16 +152,14 @@ impl Cluster {
             }
             pods.insert(name, Pod { ns, ip });
         }
-        let (driver, _) = NftDriver::new(NftDriverConfig {
-            nft: NftConfig {
-                ipv6: false,
-                ..NftConfig::default()
-            },
+        let (driver, stats) = NftDriver::new(NftDriverConfig {
+            nft,
             runner: NftRunner {
                 netns: Some(node.name().to_string()),
                 ..NftRunner::default()
             },
             refresh_interval: Duration::ZERO,
+            flowtable_extra_devices: flowtable,
         });
         let mut graph = CalcGraph::new(CalcConfig {
             hostname: NODE.into(),
@@ -164,6 +173,7 @@ impl Cluster {
             driver,
             model: margay_calc::DataplaneModel::default(),
             current: BTreeMap::new(),
+            stats,
             _listeners: Listeners(listeners),
         };
         c.set(&[]);
@@ -677,6 +687,7 @@ spec:
             ..NftRunner::default()
         },
         refresh_interval: Duration::ZERO,
+        flowtable_extra_devices: None,
     });
     let mut fresh_model = margay_calc::DataplaneModel::default();
     fresh_model.apply_all(&graph.flush()).unwrap();
@@ -688,4 +699,77 @@ spec:
     );
     assert_eq!(stats.lock().transactions, 0);
     assert!(stats.lock().rules > 100);
+}
+
+fn table_text(c: &Cluster) -> String {
+    Command::new("ip")
+        .args(["netns", "exec", c.node.name(), "nft", "list", "ruleset"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// IptablesFilterDenyAction / NftablesFilterDenyAction REJECT: a denied TCP connection is
+/// refused at once instead of timing out; NFTablesFlowTableOffload on a kernel without
+/// flowtables (this one) is reported and the table works without it, or, on a kernel with
+/// them, established flows go to the flowtable.
+#[test]
+fn reject_refuses_at_once_and_flow_offload_follows_the_kernel() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let mut c = Cluster::with(
+        NftConfig {
+            ipv6: false,
+            deny: margay_dataplane::nft::DenyVerdict::Reject,
+            ..NftConfig::default()
+        },
+        Some(Vec::new()),
+    );
+    c.set(&[res("apiVersion: projectcalico.org/v3
+kind: NetworkPolicy
+metadata: {name: db-default-deny, namespace: prod}
+spec:
+  selector: app == 'db'
+  types: [Ingress]")]);
+    let started = Instant::now();
+    let refused = !c.pods["web"]
+        .ns
+        .exec("nc")
+        .args(["-z", "-w", "4", c.pods["db"].ip, "80"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    let took = started.elapsed();
+    assert!(refused, "the policy denies web -> db:80");
+    assert!(
+        took < Duration::from_millis(1500),
+        "REJECT refuses at once; the connection took {took:?} to fail (a DROP times out)\n{}",
+        table_text(&c)
+    );
+    c.expect(
+        "reject keeps allowed traffic",
+        &[("client", "web", 80, true)],
+    );
+
+    let offload = c.stats.lock().flow_offload.clone().unwrap_or_default();
+    let text = table_text(&c);
+    assert!(
+        !text.contains("margay-ftprobe"),
+        "the probe table is gone:\n{text}"
+    );
+    if offload.starts_with("unavailable") {
+        assert!(
+            !text.contains("flow add"),
+            "no offload rule without flowtables:\n{text}"
+        );
+    } else {
+        assert_eq!(offload, "enabled");
+        assert!(text.contains("flowtable ft"), "{text}");
+        assert!(text.contains("flow add @ft"), "{text}");
+    }
+    eprintln!("flow offload: {offload}");
 }

@@ -183,3 +183,125 @@ impl Config {
         out
     }
 }
+
+/// Whether margay acts on a parameter under a given configuration (what `margay felix config`
+/// marks and what Felix warns about at start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ActedOn {
+    Yes,
+    /// Never: margay accepts the parameter and behaves as if it had the value given.
+    No {
+        behaves_as: String,
+    },
+    /// Not with this configuration: the reason names what is used instead.
+    NotNow {
+        reason: String,
+    },
+}
+
+impl ActedOn {
+    pub fn yes(&self) -> bool {
+        matches!(self, ActedOn::Yes)
+    }
+}
+
+/// The parameters that exist once per rule dataplane: Calico uses the nftables ones in
+/// nftables mode and the iptables ones otherwise; margay, whose policy is always nftables,
+/// takes the same one Calico would (so a cluster's existing settings keep their meaning).
+const MODE_PAIRS: &[(ParamId, ParamId)] = &[
+    (
+        ParamId::IptablesFilterAllowAction,
+        ParamId::NftablesFilterAllowAction,
+    ),
+    (
+        ParamId::IptablesFilterDenyAction,
+        ParamId::NftablesFilterDenyAction,
+    ),
+    (ParamId::IptablesMarkMask, ParamId::NftablesMarkMask),
+    (
+        ParamId::IptablesRefreshInterval,
+        ParamId::NftablesRefreshInterval,
+    ),
+];
+
+impl Config {
+    /// NFTablesMode is `Enabled`: Calico is in nftables mode and reads the `Nftables*`
+    /// variants of the verdict, mark and refresh parameters. With `Auto` (which in Calico
+    /// follows kube-proxy, iptables without it) or `Disabled` it reads the `Iptables*` ones.
+    pub fn nftables_mode(&self) -> bool {
+        self.nftables_mode.eq_ignore_ascii_case("Enabled")
+    }
+
+    /// The verdict for traffic policy allows: `ACCEPT` or `RETURN` (IptablesFilterAllowAction,
+    /// or NftablesFilterAllowAction in nftables mode).
+    pub fn filter_allow_action(&self) -> &str {
+        if self.nftables_mode() {
+            &self.nftables_filter_allow_action
+        } else {
+            &self.iptables_filter_allow_action
+        }
+    }
+
+    /// The verdict for traffic policy denies: `DROP` or `REJECT` (IptablesFilterDenyAction,
+    /// or NftablesFilterDenyAction in nftables mode).
+    pub fn filter_deny_action(&self) -> &str {
+        if self.nftables_mode() {
+            &self.nftables_filter_deny_action
+        } else {
+            &self.iptables_filter_deny_action
+        }
+    }
+
+    /// The packet-mark bits margay may use (IptablesMarkMask, or NftablesMarkMask in
+    /// nftables mode).
+    pub fn mark_mask(&self) -> u32 {
+        if self.nftables_mode() {
+            self.nftables_mark_mask
+        } else {
+            self.iptables_mark_mask
+        }
+    }
+
+    /// How often the policy table is read back to repair drift (IptablesRefreshInterval, or
+    /// NftablesRefreshInterval in nftables mode).
+    pub fn policy_refresh_interval(&self) -> std::time::Duration {
+        if self.nftables_mode() {
+            self.nftables_refresh_interval
+        } else {
+            self.iptables_refresh_interval
+        }
+    }
+
+    /// Whether margay acts on `id` with this configuration.
+    pub fn acted_on(&self, id: ParamId) -> ActedOn {
+        let meta = id.meta();
+        for (ipt, nft) in MODE_PAIRS {
+            let (used, other) = if self.nftables_mode() {
+                (*nft, *ipt)
+            } else {
+                (*ipt, *nft)
+            };
+            if id == other {
+                return ActedOn::NotNow {
+                    reason: format!(
+                        "NFTablesMode is {}, so (as in Calico) {} is used instead",
+                        self.nftables_mode,
+                        used.name()
+                    ),
+                };
+            }
+        }
+        if meta.supported {
+            return ActedOn::Yes;
+        }
+        // What margay does instead, where that is not the parameter's default.
+        let behaves_as = match id {
+            // No status reports to the datastore: as if reporting were off.
+            ParamId::ReportingIntervalSecs => "0s".to_string(),
+            // Logs go to stderr only: as if file logging were off.
+            ParamId::LogFilePath => String::new(),
+            _ => Config::defaults().get(id).to_string(),
+        };
+        ActedOn::No { behaves_as }
+    }
+}

@@ -32,7 +32,7 @@ mod table;
 mod value;
 mod warnings;
 
-pub use config::{Change, RESTART_EXIT_CODE};
+pub use config::{ActedOn, Change, RESTART_EXIT_CODE};
 pub use datastore::ANNOTATION_PREFIX;
 pub use gofmt::format_go_duration;
 pub use kinds::{AssumeFilesExist, HostProbe, Kind, Parsed};

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use margay_api::{ClusterInformation, FelixConfiguration, Node};
 use serde::Serialize;
 
+use crate::config::ActedOn;
 use crate::datastore::{DatastoreInputs, datastore_settings};
 use crate::ini::parse_ini;
 use crate::kinds::{AssumeFilesExist, HostProbe};
@@ -180,17 +181,34 @@ pub fn load_with_probe(
     let resolved = resolve(&raw, &default_hostname, probe)?;
     warnings.extend(resolved.warnings);
 
-    for p in PARAMS.iter().filter(|p| !p.supported) {
+    for p in PARAMS {
         let eff = &resolved.effective[p.id as usize];
+        if eff.source == Source::Default {
+            continue;
+        }
         let value = resolved.config.get(p.id);
-        let default = Config::defaults().get(p.id);
-        if eff.source != Source::Default && value != default {
-            warnings.push(ConfigWarning::Unsupported {
-                param: p.name,
-                value: value.to_string(),
-                default: default.to_string(),
-                source: eff.source,
-            });
+        match resolved.config.acted_on(p.id) {
+            ActedOn::Yes => {}
+            ActedOn::No { behaves_as } => {
+                if value.to_string() != behaves_as {
+                    warnings.push(ConfigWarning::Unsupported {
+                        param: p.name,
+                        value: value.to_string(),
+                        default: behaves_as,
+                        source: eff.source,
+                    });
+                }
+            }
+            ActedOn::NotNow { reason } => {
+                if value != Config::defaults().get(p.id) {
+                    warnings.push(ConfigWarning::NotUsed {
+                        param: p.name,
+                        value: value.to_string(),
+                        source: eff.source,
+                        reason,
+                    });
+                }
+            }
         }
     }
 

@@ -26,6 +26,7 @@ pub struct ParamReport {
     /// The default, as Calico writes it.
     pub default: &'static str,
     pub kind: &'static str,
+    /// margay acts on the parameter with this configuration.
     pub supported: bool,
     pub local: bool,
     pub live: bool,
@@ -62,7 +63,7 @@ impl Loaded {
                     note: eff.note.clone(),
                     default: p.default,
                     kind: p.kind,
-                    supported: p.supported,
+                    supported: self.config.acted_on(p.id).yes(),
                     local: p.flags.local,
                     live: p.live(),
                     description: p.description,
@@ -104,7 +105,11 @@ impl Loaded {
                 if let Some(note) = &eff.note {
                     source = format!("{source}; {note}");
                 }
-                let mark = if p.supported { " " } else { "*" };
+                let mark = if self.config.acted_on(p.id).yes() {
+                    " "
+                } else {
+                    "*"
+                };
                 (p.group, [format!("{mark}{}", p.name), value, source])
             })
             .collect();
@@ -124,7 +129,10 @@ impl Loaded {
                 ""
             }
         );
-        let _ = writeln!(out, "# * = accepted but not acted on by margay.");
+        let _ = writeln!(
+            out,
+            "# * = accepted but not acted on by margay (with this configuration)."
+        );
         for group in Group::ALL {
             let in_group: Vec<&[String; 3]> =
                 rows.iter().filter(|r| r.0 == group).map(|r| &r.1).collect();

@@ -345,9 +345,9 @@ params! {
         "Turn on threaded NAPI for the WireGuard devices.";
     NFTablesMode nftables_mode: String = "oneof(Enabled,Disabled,Auto)", "Auto", [], Common, "nftablesMode", true,
         "Whether to program nftables rather than iptables: Enabled, Disabled or Auto (follow kube-proxy).";
-    NFTablesFlowTableOffload nftables_flow_table_offload: String = "oneof(All,Disabled)", "Disabled", [], Common, "nftablesFlowTableOffload", false,
+    NFTablesFlowTableOffload nftables_flow_table_offload: String = "oneof(All,Disabled)", "Disabled", [], Common, "nftablesFlowTableOffload", true,
         "Offload established, policy-accepted flows to an nftables flowtable (All) or not (Disabled).";
-    NFTablesFlowTableDataIfacePattern nftables_flow_table_data_iface_pattern: Option<String> = "regexp(nil-on-empty)", "", [], Common, "nftablesFlowTableDataIfacePattern", false,
+    NFTablesFlowTableDataIfacePattern nftables_flow_table_data_iface_pattern: Option<String> = "regexp(nil-on-empty)", "", [], Common, "nftablesFlowTableDataIfacePattern", true,
         "Regular expression of host interfaces to add to the flowtable besides workload interfaces.";
     BPFEnabled bpf_enabled: bool = "bool", "false", [], Bpf, "bpfEnabled", false,
         "Use the eBPF dataplane instead of iptables/nftables.";
@@ -465,7 +465,7 @@ params! {
         "Connect to Typha at this host:port (takes precedence over TyphaK8sServiceName); margay accepts several, comma-separated, and fails over between them.";
     TyphaK8sServiceName typha_k8s_service_name: String = "string", "", [Local], Datastore, "", true,
         "Find Typha through the endpoints of this Kubernetes service.";
-    TyphaK8sNamespace typha_k8s_namespace: String = "string", "kube-system", [NonZero, Local], Datastore, "", true,
+    TyphaK8sNamespace typha_k8s_namespace: String = "string", "kube-system", [NonZero, Local], Datastore, "", false,
         "Namespace of the Typha service.";
     TyphaReadTimeout typha_read_timeout: Duration = "seconds", "30", [Local], Datastore, "", true,
         "Restart if Typha sends nothing for this long.";
@@ -487,21 +487,21 @@ params! {
         "iptables backend: legacy, nft or auto (detect).";
     RouteRefreshInterval route_refresh_interval: Duration = "seconds", "90", [], Common, "routeRefreshInterval", true,
         "How often routes are re-checked and repaired (0 turns it off).";
-    InterfaceRefreshInterval interface_refresh_interval: Duration = "seconds", "90", [], Common, "interfaceRefreshInterval", false,
+    InterfaceRefreshInterval interface_refresh_interval: Duration = "seconds", "90", [], Common, "interfaceRefreshInterval", true,
         "How often host interfaces are rescanned (0 turns it off).";
-    DeviceRouteSourceAddress device_route_source_address: Option<IpAddr> = "ipv4", "", [], Common, "deviceRouteSourceAddress", false,
+    DeviceRouteSourceAddress device_route_source_address: Option<IpAddr> = "ipv4", "", [], Common, "deviceRouteSourceAddress", true,
         "IPv4 source hint on routes to local workloads.";
-    DeviceRouteSourceAddressIPv6 device_route_source_address_ipv6: Option<IpAddr> = "ipv6", "", [], Common, "deviceRouteSourceAddressIPv6", false,
+    DeviceRouteSourceAddressIPv6 device_route_source_address_ipv6: Option<IpAddr> = "ipv6", "", [], Common, "deviceRouteSourceAddressIPv6", true,
         "IPv6 source hint on routes to local workloads.";
-    DeviceRouteProtocol device_route_protocol: i64 = "int", "3", [], Common, "deviceRouteProtocol", true,
+    DeviceRouteProtocol device_route_protocol: i64 = "int", "3", [], Common, "deviceRouteProtocol", false,
         "Routing protocol number that marks the routes Felix owns.";
-    RemoveExternalRoutes remove_external_routes: bool = "bool", "true", [], Common, "removeExternalRoutes", true,
+    RemoveExternalRoutes remove_external_routes: bool = "bool", "true", [], Common, "removeExternalRoutes", false,
         "Delete routes to workload interfaces that Felix did not program.";
     ProgramClusterRoutes program_cluster_routes: String = "oneof(Enabled,Disabled,EnabledIPIPOnly,EnabledNoEncapOnly)", "EnabledIPIPOnly", [], Common, "programClusterRoutes", true,
         "Which routes to remote workloads Felix programs itself rather than leaving to BGP.";
-    IPForwarding ip_forwarding: String = "oneof(Enabled,Disabled)", "Enabled", [], Common, "ipForwarding", false,
+    IPForwarding ip_forwarding: String = "oneof(Enabled,Disabled)", "Enabled", [], Common, "ipForwarding", true,
         "Turn on IP forwarding sysctls.";
-    IptablesRefreshInterval iptables_refresh_interval: Duration = "seconds", "180", [], Iptables, "iptablesRefreshInterval", false,
+    IptablesRefreshInterval iptables_refresh_interval: Duration = "seconds", "180", [], Iptables, "iptablesRefreshInterval", true,
         "How often iptables rules are re-checked (0 turns it off).";
     IptablesPostWriteCheckIntervalSecs iptables_post_write_check_interval_secs: Duration = "seconds", "5", [], Iptables, "iptablesPostWriteCheckInterval", false,
         "Delay before reading iptables back after a write, to detect clobbering.";
@@ -513,7 +513,7 @@ params! {
         "Turn tech-preview features on or off (Feature=value pairs).";
     IpsetsRefreshInterval ipsets_refresh_interval: Duration = "seconds", "90", [], Iptables, "ipsetsRefreshInterval", false,
         "How often IP sets are re-checked (0 turns it off).";
-    MaxIpsetSize max_ipset_size: i64 = "int", "1048576", [NonZero], Iptables, "maxIpsetSize", true,
+    MaxIpsetSize max_ipset_size: i64 = "int", "1048576", [NonZero], Iptables, "maxIpsetSize", false,
         "Maximum number of members of one IP set.";
     XDPRefreshInterval xdp_refresh_interval: Duration = "seconds", "90", [], Xdp, "xdpRefreshInterval", false,
         "How often XDP programs and maps are re-checked (0 turns it off).";
@@ -535,25 +535,25 @@ params! {
         "Hook Felix's chains at the top (insert) or bottom (append) of the kernel chains.";
     DefaultEndpointToHostAction default_endpoint_to_host_action: String = "oneof(DROP,RETURN,ACCEPT)", "DROP", [NonZero, DieOnFail], Common, "defaultEndpointToHostAction", true,
         "Verdict for workload traffic to the host itself after policy: DROP, RETURN or ACCEPT.";
-    IptablesFilterAllowAction iptables_filter_allow_action: String = "oneof(ACCEPT,RETURN)", "ACCEPT", [NonZero, DieOnFail], Iptables, "iptablesFilterAllowAction", false,
+    IptablesFilterAllowAction iptables_filter_allow_action: String = "oneof(ACCEPT,RETURN)", "ACCEPT", [NonZero, DieOnFail], Iptables, "iptablesFilterAllowAction", true,
         "iptables verdict for policy-allowed traffic in the filter table (ACCEPT or RETURN).";
     IptablesMangleAllowAction iptables_mangle_allow_action: String = "oneof(ACCEPT,RETURN)", "ACCEPT", [NonZero, DieOnFail], Iptables, "iptablesMangleAllowAction", false,
         "iptables verdict for policy-allowed traffic in the mangle table (ACCEPT or RETURN).";
-    IptablesFilterDenyAction iptables_filter_deny_action: String = "oneof(DROP,REJECT)", "DROP", [NonZero, DieOnFail], Iptables, "iptablesFilterDenyAction", false,
+    IptablesFilterDenyAction iptables_filter_deny_action: String = "oneof(DROP,REJECT)", "DROP", [NonZero, DieOnFail], Iptables, "iptablesFilterDenyAction", true,
         "iptables verdict for policy-denied traffic (DROP or REJECT).";
-    LogPrefix log_prefix: String = "string", "calico-packet", [], Logging, "logPrefix", false,
+    LogPrefix log_prefix: String = "string", "calico-packet", [], Logging, "logPrefix", true,
         "Prefix of the kernel log lines written by Log rules (%t, %k, %n, %p expand).";
-    LogActionRateLimit log_action_rate_limit: String = "log-rate", "", [], Logging, "logActionRateLimit", false,
+    LogActionRateLimit log_action_rate_limit: String = "log-rate", "", [], Logging, "logActionRateLimit", true,
         "Rate limit of Log rules, N/second|minute|hour|day (empty: unlimited).";
-    LogActionRateLimitBurst log_action_rate_limit_burst: i64 = "int(0,9999)", "5", [], Logging, "logActionRateLimitBurst", false,
+    LogActionRateLimitBurst log_action_rate_limit_burst: i64 = "int(0,9999)", "5", [], Logging, "logActionRateLimitBurst", true,
         "Burst allowed by LogActionRateLimit.";
-    LogFilePath log_file_path: String = "file", "/var/log/calico/felix.log", [DieOnFail], Logging, "logFilePath", true,
+    LogFilePath log_file_path: String = "file", "/var/log/calico/felix.log", [DieOnFail], Logging, "logFilePath", false,
         "Log file path (none: no log file).";
-    LogSeverityFile log_severity_file: String = "oneof(TRACE,DEBUG,INFO,WARNING,ERROR,FATAL)", "INFO", [], Logging, "logSeverityFile", true,
+    LogSeverityFile log_severity_file: String = "oneof(TRACE,DEBUG,INFO,WARNING,ERROR,FATAL)", "INFO", [], Logging, "logSeverityFile", false,
         "Minimum severity written to the log file.";
     LogSeverityScreen log_severity_screen: String = "oneof(TRACE,DEBUG,INFO,WARNING,ERROR,FATAL)", "INFO", [], Logging, "logSeverityScreen", true,
         "Minimum severity written to stdout/stderr.";
-    LogSeveritySys log_severity_sys: String = "oneof(TRACE,DEBUG,INFO,WARNING,ERROR,FATAL)", "INFO", [], Logging, "logSeveritySys", false,
+    LogSeveritySys log_severity_sys: String = "oneof(TRACE,DEBUG,INFO,WARNING,ERROR,FATAL)", "INFO", [], Logging, "logSeveritySys", true,
         "Minimum severity sent to syslog.";
     LogDebugFilenameRegex log_debug_filename_regex: Option<String> = "regexp(nil-on-empty)", "", [], Logging, "logDebugFilenameRegex", false,
         "Only debug logs from source files matching this regular expression are kept.";
@@ -589,29 +589,29 @@ params! {
         "How often proxied ARP/NDP addresses are re-announced (0: only once).";
     WindowsManageFirewallRules windows_manage_firewall_rules: String = "oneof(Enabled,Disabled)", "Disabled", [], Windows, "windowsManageFirewallRules", false,
         "Windows: open the metrics ports in Windows Firewall.";
-    AllowVXLANPacketsFromWorkloads allow_vxlan_packets_from_workloads: bool = "bool", "false", [], Common, "allowVXLANPacketsFromWorkloads", false,
+    AllowVXLANPacketsFromWorkloads allow_vxlan_packets_from_workloads: bool = "bool", "false", [], Common, "allowVXLANPacketsFromWorkloads", true,
         "Accept VXLAN-encapsulated packets sent by workloads.";
-    AllowIPIPPacketsFromWorkloads allow_ipip_packets_from_workloads: bool = "bool", "false", [], Common, "allowIPIPPacketsFromWorkloads", false,
+    AllowIPIPPacketsFromWorkloads allow_ipip_packets_from_workloads: bool = "bool", "false", [], Common, "allowIPIPPacketsFromWorkloads", true,
         "Accept IPIP-encapsulated packets sent by workloads.";
     AWSSrcDstCheck aws_src_dst_check: String = "oneof(DoNothing,Enable,Disable)", "DoNothing", [NonZero], Aws, "awsSrcDstCheck", false,
         "AWS: set the EC2 source/destination check (DoNothing, Enable or Disable).";
-    ServiceLoopPrevention service_loop_prevention: String = "oneof(Drop,Reject,Disabled)", "Drop", [], Common, "serviceLoopPrevention", false,
+    ServiceLoopPrevention service_loop_prevention: String = "oneof(Drop,Reject,Disabled)", "Drop", [], Common, "serviceLoopPrevention", true,
         "Drop or reject traffic to advertised service IPs that no service uses (or allow it: Disabled).";
-    WorkloadSourceSpoofing workload_source_spoofing: String = "oneof(Disabled,Any)", "Disabled", [], Common, "workloadSourceSpoofing", false,
+    WorkloadSourceSpoofing workload_source_spoofing: String = "oneof(Disabled,Any)", "Disabled", [], Common, "workloadSourceSpoofing", true,
         "Let pods send from prefixes listed in their allowedSourcePrefixes annotation (Any) or not.";
-    ReportingIntervalSecs reporting_interval_secs: Duration = "seconds", "30", [], OpenStack, "reportingInterval", true,
+    ReportingIntervalSecs reporting_interval_secs: Duration = "seconds", "30", [], OpenStack, "reportingInterval", false,
         "How often Felix writes its status to the datastore (0 turns it off).";
-    ReportingTTLSecs reporting_ttl_secs: Duration = "seconds", "90", [], OpenStack, "reportingTTL", true,
+    ReportingTTLSecs reporting_ttl_secs: Duration = "seconds", "90", [], OpenStack, "reportingTTL", false,
         "Time-to-live of the status reports.";
-    EndpointReportingEnabled endpoint_reporting_enabled: bool = "bool", "false", [], OpenStack, "endpointReportingEnabled", true,
+    EndpointReportingEnabled endpoint_reporting_enabled: bool = "bool", "false", [], OpenStack, "endpointReportingEnabled", false,
         "Write per-endpoint status to the datastore.";
-    EndpointReportingDelaySecs endpoint_reporting_delay_secs: Duration = "seconds", "1", [], OpenStack, "endpointReportingDelay", true,
+    EndpointReportingDelaySecs endpoint_reporting_delay_secs: Duration = "seconds", "1", [], OpenStack, "endpointReportingDelay", false,
         "Delay before endpoint status is written.";
     EndpointStatusPathPrefix endpoint_status_path_prefix: String = "file", "/var/run/calico", [], Common, "endpointStatusPathPrefix", true,
         "Directory of per-endpoint status files (empty turns them off).";
     IptablesMarkMask iptables_mark_mask: u32 = "mark-bitmask", "0xffff0000", [NonZero, DieOnFail], Iptables, "iptablesMarkMask", true,
         "Packet mark bits Felix may use with iptables (at least 2 bits).";
-    DisableConntrackInvalidCheck disable_conntrack_invalid_check: bool = "bool", "false", [], Common, "disableConntrackInvalidCheck", false,
+    DisableConntrackInvalidCheck disable_conntrack_invalid_check: bool = "bool", "false", [], Common, "disableConntrackInvalidCheck", true,
         "Do not drop packets that conntrack classifies as invalid.";
     HealthEnabled health_enabled: bool = "bool", "false", [], Health, "healthEnabled", true,
         "Serve the liveness and readiness endpoints.";
@@ -629,21 +629,21 @@ params! {
         "TCP port of the metrics server.";
     PrometheusGoMetricsEnabled prometheus_go_metrics_enabled: bool = "bool", "true", [], Prometheus, "prometheusGoMetricsEnabled", false,
         "Export Go runtime metrics.";
-    PrometheusProcessMetricsEnabled prometheus_process_metrics_enabled: bool = "bool", "true", [], Prometheus, "prometheusProcessMetricsEnabled", false,
+    PrometheusProcessMetricsEnabled prometheus_process_metrics_enabled: bool = "bool", "true", [], Prometheus, "prometheusProcessMetricsEnabled", true,
         "Export process metrics.";
     PrometheusWireGuardMetricsEnabled prometheus_wireguard_metrics_enabled: bool = "bool", "true", [], Prometheus, "prometheusWireGuardMetricsEnabled", false,
         "Export WireGuard metrics.";
-    PrometheusMetricsCAFile prometheus_metrics_ca_file: String = "string", "", [], Prometheus, "prometheusMetricsCAFile", false,
+    PrometheusMetricsCAFile prometheus_metrics_ca_file: String = "string", "", [], Prometheus, "prometheusMetricsCAFile", true,
         "CA bundle for verifying metrics clients (TLS).";
-    PrometheusMetricsCertFile prometheus_metrics_cert_file: String = "string", "", [], Prometheus, "prometheusMetricsCertFile", false,
+    PrometheusMetricsCertFile prometheus_metrics_cert_file: String = "string", "", [], Prometheus, "prometheusMetricsCertFile", true,
         "Certificate of the metrics server (TLS).";
-    PrometheusMetricsKeyFile prometheus_metrics_key_file: String = "string", "", [], Prometheus, "prometheusMetricsKeyFile", false,
+    PrometheusMetricsKeyFile prometheus_metrics_key_file: String = "string", "", [], Prometheus, "prometheusMetricsKeyFile", true,
         "Private key of the metrics server (TLS).";
-    PrometheusMetricsClientAuth prometheus_metrics_client_auth: String = "oneof(RequireAndVerifyClientCert,RequireAnyClientCert,VerifyClientCertIfGiven,NoClientCert)", "NoClientCert", [], Prometheus, "prometheusMetricsClientAuth", false,
+    PrometheusMetricsClientAuth prometheus_metrics_client_auth: String = "oneof(RequireAndVerifyClientCert,RequireAnyClientCert,VerifyClientCertIfGiven,NoClientCert)", "NoClientCert", [], Prometheus, "prometheusMetricsClientAuth", true,
         "How the metrics server checks client certificates.";
-    FailsafeInboundHostPorts failsafe_inbound_host_ports: Vec<ProtoPort> = "port-list", "tcp:22,udp:68,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667", [DieOnFail], Common, "failsafeInboundHostPorts", true,
+    FailsafeInboundHostPorts failsafe_inbound_host_ports: Vec<ProtoPort> = "port-list", "tcp:22,udp:68,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667", [DieOnFail], Common, "failsafeInboundHostPorts", false,
         "Inbound `proto:cidr:port` entries (protocol and CIDR optional) always allowed to host endpoints.";
-    FailsafeOutboundHostPorts failsafe_outbound_host_ports: Vec<ProtoPort> = "port-list", "udp:53,udp:67,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667", [DieOnFail], Common, "failsafeOutboundHostPorts", true,
+    FailsafeOutboundHostPorts failsafe_outbound_host_ports: Vec<ProtoPort> = "port-list", "udp:53,udp:67,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667", [DieOnFail], Common, "failsafeOutboundHostPorts", false,
         "Outbound `proto:cidr:port` entries (protocol and CIDR optional) always allowed from host endpoints.";
     FlowLogsFlushInterval flow_logs_flush_interval: Duration = "seconds", "300", [], FlowLogs, "flowLogsFlushInterval", false,
         "How often flow logs are exported.";
@@ -661,7 +661,7 @@ params! {
         "Source port range for outgoing NAT (unset: the kernel's choice).";
     NATOutgoingAddress nat_outgoing_address: Option<IpAddr> = "ipv4", "", [], Common, "natOutgoingAddress", true,
         "Source address for outgoing NAT (unset: masquerade to the egress interface's address).";
-    NATOutgoingExclusions nat_outgoing_exclusions: String = "oneof(IPPoolsOnly,IPPoolsAndHostIPs)", "IPPoolsOnly", [], Common, "natOutgoingExclusions", false,
+    NATOutgoingExclusions nat_outgoing_exclusions: String = "oneof(IPPoolsOnly,IPPoolsAndHostIPs)", "IPPoolsOnly", [], Common, "natOutgoingExclusions", true,
         "Destinations not NATed for natOutgoing pools: IP pools only, or IP pools and hosts.";
     UsageReportingEnabled usage_reporting_enabled: bool = "bool", "true", [], UsageReporting, "usageReportingEnabled", false,
         "Send anonymous version and cluster-size reports to the Calico project.";
@@ -675,7 +675,7 @@ params! {
         "Comma-separated cluster type tags (from ClusterInformation).";
     CalicoVersion calico_version: String = "string", "", [], ClusterIdentity, "", true,
         "Calico version recorded in ClusterInformation.";
-    ExternalNodesCIDRList external_nodes_cidr_list: Vec<Cidr> = "cidr-list", "", [DieOnFail], Common, "externalNodesList", false,
+    ExternalNodesCIDRList external_nodes_cidr_list: Vec<Cidr> = "cidr-list", "", [DieOnFail], Common, "externalNodesList", true,
         "CIDRs of non-Calico nodes whose overlay traffic is accepted.";
     DebugMemoryProfilePath debug_memory_profile_path: String = "file", "", [], Debug, "debugMemoryProfilePath", false,
         "Debug: where to write a heap profile on signal.";
@@ -699,11 +699,11 @@ params! {
         "Port of the debug (profiling) server (0: off).";
     RouteSource route_source: String = "oneof(WorkloadIPs,CalicoIPAM)", "CalicoIPAM", [], Common, "routeSource", true,
         "Where routes to workloads come from: CalicoIPAM blocks or WorkloadIPs.";
-    RouteTableRange route_table_range: Option<RouteTableRange> = "route-table-range", "", [DieOnFail], Common, "routeTableRange", true,
+    RouteTableRange route_table_range: Option<RouteTableRange> = "route-table-range", "", [DieOnFail], Common, "routeTableRange", false,
         "Deprecated single range of routing table indices (see RouteTableRanges).";
-    RouteTableRanges route_table_ranges: Vec<RouteTableRange> = "route-table-ranges", "", [DieOnFail], Common, "routeTableRanges", true,
+    RouteTableRanges route_table_ranges: Vec<RouteTableRange> = "route-table-ranges", "", [DieOnFail], Common, "routeTableRanges", false,
         "Ranges of routing table indices Felix may use, e.g. 1-250,300-400.";
-    RouteSyncDisabled route_sync_disabled: bool = "bool", "false", [], Common, "routeSyncDisabled", false,
+    RouteSyncDisabled route_sync_disabled: bool = "bool", "false", [], Common, "routeSyncDisabled", true,
         "Do not touch routes at all (policy-only mode).";
     IPv4NormalRoutePriority ipv4_normal_route_priority: i64 = "int(1:2147483646)", "1024", [], Common, "ipv4NormalRoutePriority", false,
         "Metric of normal IPv4 workload routes (higher is less preferred).";
@@ -715,7 +715,7 @@ params! {
         "Metric of IPv6 routes preferred during VM live migration.";
     LiveMigrationRouteConvergenceTime live_migration_route_convergence_time: Duration = "seconds", "30", [], Common, "liveMigrationRouteConvergenceTime", false,
         "How long elevated route priority stays after a VM live migration.";
-    IptablesNATOutgoingInterfaceFilter iptables_nat_outgoing_interface_filter: String = "iface-param", "", [], Iptables, "iptablesNATOutgoingInterfaceFilter", false,
+    IptablesNATOutgoingInterfaceFilter iptables_nat_outgoing_interface_filter: String = "iface-param", "", [], Iptables, "iptablesNATOutgoingInterfaceFilter", true,
         "Only NAT outgoing traffic leaving through interfaces matching this name (+ is a wildcard).";
     SidecarAccelerationEnabled sidecar_acceleration_enabled: bool = "bool", "false", [], Common, "sidecarAccelerationEnabled", false,
         "Experimental sidecar acceleration.";
@@ -731,19 +731,19 @@ params! {
         "Go soft memory limit in MB (-1: none).";
     GoMaxProcs go_max_procs: i64 = "int(-1)", "-1", [], GoRuntime, "goMaxProcs", false,
         "Go GOMAXPROCS (-1: runtime default).";
-    MTUIfacePattern mtu_iface_pattern: Option<String> = "regexp", "^((en|wl|ww|sl|ib)[Pcopsvx].*|(eth|wlan|wwan).*)", [], Common, "mtuIfacePattern", false,
+    MTUIfacePattern mtu_iface_pattern: Option<String> = "regexp", "^((en|wl|ww|sl|ib)[Pcopsvx].*|(eth|wlan|wwan).*)", [], Common, "mtuIfacePattern", true,
         "Regular expression of host interfaces scanned to detect the MTU.";
     NftablesRefreshInterval nftables_refresh_interval: Duration = "seconds", "180", [], Nftables, "nftablesRefreshInterval", true,
         "How often nftables rules are re-checked (0 turns it off).";
     NftablesFilterAllowAction nftables_filter_allow_action: String = "oneof(ACCEPT,RETURN)", "ACCEPT", [NonZero, DieOnFail], Nftables, "nftablesFilterAllowAction", true,
         "nftables verdict for policy-allowed traffic in the filter table (ACCEPT or RETURN).";
-    NftablesMangleAllowAction nftables_mangle_allow_action: String = "oneof(ACCEPT,RETURN)", "ACCEPT", [NonZero, DieOnFail], Nftables, "nftablesMangleAllowAction", true,
+    NftablesMangleAllowAction nftables_mangle_allow_action: String = "oneof(ACCEPT,RETURN)", "ACCEPT", [NonZero, DieOnFail], Nftables, "nftablesMangleAllowAction", false,
         "nftables verdict for policy-allowed traffic in the mangle table (ACCEPT or RETURN).";
     NftablesFilterDenyAction nftables_filter_deny_action: String = "oneof(DROP,REJECT)", "DROP", [NonZero, DieOnFail], Nftables, "nftablesFilterDenyAction", true,
         "nftables verdict for policy-denied traffic (DROP or REJECT).";
     NftablesMarkMask nftables_mark_mask: u32 = "mark-bitmask", "0xffff0000", [NonZero, DieOnFail], Nftables, "nftablesMarkMask", true,
         "Packet mark bits Felix may use with nftables (at least 2 bits).";
-    RequireMTUFile require_mtu_file: bool = "bool", "false", [], Common, "requireMTUFile", false,
+    RequireMTUFile require_mtu_file: bool = "bool", "false", [], Common, "requireMTUFile", true,
         "Refuse to start until the MTU file written by the CNI plugin exists.";
     BPFMaglevMaxEndpointsPerService bpf_maglev_max_endpoints_per_service: i64 = "int(1:3000)", "100", [], Bpf, "bpfMaglevMaxEndpointsPerService", false,
         "eBPF: most endpoints expected in one Maglev service.";

@@ -57,6 +57,15 @@ pub enum ConfigWarning {
         default: String,
         source: Source,
     },
+    /// A parameter margay acts on, but not with this configuration (another parameter takes
+    /// its role), set to something other than its default.
+    #[serde(rename_all = "camelCase")]
+    NotUsed {
+        param: &'static str,
+        value: String,
+        source: Source,
+        reason: String,
+    },
     /// A value that was used with an adjustment or caveat.
     #[serde(rename_all = "camelCase")]
     Adjusted {
@@ -148,6 +157,15 @@ impl fmt::Display for ConfigWarning {
                 f,
                 "{param}={value:?} (from {source}) is not supported by margay; it behaves as if \
                  {param} were {default:?}"
+            ),
+            ConfigWarning::NotUsed {
+                param,
+                value,
+                source,
+                reason,
+            } => write!(
+                f,
+                "{param}={value:?} (from {source}) has no effect: {reason}"
             ),
             ConfigWarning::Adjusted {
                 param,

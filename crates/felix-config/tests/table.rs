@@ -238,9 +238,11 @@ fn supported_parameters() {
         "NFTablesMode",
         "VXLANVNI",
         "RouteRefreshInterval",
-        "FailsafeInboundHostPorts",
-        "RouteTableRanges",
         "NATPortRange",
+        "IPForwarding",
+        "WorkloadSourceSpoofing",
+        "ServiceLoopPrevention",
+        "PrometheusMetricsCertFile",
         "Ipv6Support",
         "RouteSource",
     ] {
@@ -251,6 +253,11 @@ fn supported_parameters() {
         "WireguardEnabled",
         "IpInIpEnabled",
         "XDPEnabled",
+        // Host endpoints and extra routing tables do not exist in margay yet.
+        "FailsafeInboundHostPorts",
+        "RouteTableRanges",
+        "DeviceRouteProtocol",
+        "ReportingIntervalSecs",
     ] {
         assert!(!supported.contains(name), "{name} is not supported");
     }
@@ -356,4 +363,39 @@ fn kind_specs() {
     assert!(Kind::from_spec("nonsense").is_err());
     assert!(Kind::from_spec("int(1").is_err());
     assert_eq!(Kind::from_spec("bool").unwrap().zero(), Value::Bool(false));
+}
+
+#[test]
+fn verdict_mark_and_refresh_parameters_follow_calicos_mode() {
+    use margay_felix_config::{ActedOn, Config, ParamId};
+    let mut c = Config::defaults().clone();
+    // NFTablesMode Auto (Calico: iptables without kube-proxy in nftables mode).
+    assert_eq!(c.nftables_mode, "Auto");
+    c.iptables_filter_deny_action = "REJECT".into();
+    c.nftables_filter_deny_action = "DROP".into();
+    c.iptables_refresh_interval = std::time::Duration::from_secs(7);
+    c.iptables_mark_mask = 0xf0;
+    assert_eq!(c.filter_deny_action(), "REJECT");
+    assert_eq!(
+        c.policy_refresh_interval(),
+        std::time::Duration::from_secs(7)
+    );
+    assert_eq!(c.mark_mask(), 0xf0);
+    assert!(c.acted_on(ParamId::IptablesFilterDenyAction).yes());
+    assert!(matches!(
+        c.acted_on(ParamId::NftablesFilterDenyAction),
+        ActedOn::NotNow { .. }
+    ));
+    c.nftables_mode = "Enabled".into();
+    assert_eq!(c.filter_deny_action(), "DROP");
+    assert_eq!(c.mark_mask(), 0xffff_0000);
+    assert!(c.acted_on(ParamId::NftablesRefreshInterval).yes());
+    assert!(!c.acted_on(ParamId::IptablesRefreshInterval).yes());
+    // Never acted on: margay behaves as the value says.
+    assert_eq!(
+        c.acted_on(ParamId::ReportingIntervalSecs),
+        ActedOn::No {
+            behaves_as: "0s".into()
+        }
+    );
 }

@@ -243,6 +243,7 @@ fn main() {
             status_socket: None,
             kernel_hostname: None,
             log_level: None,
+            syslog_level: None,
             restart_delay: Duration::ZERO,
             handle_signals: false,
         };

@@ -11,7 +11,7 @@ use margay_felix_config::{DEFAULT_CONFIG_FILE, load};
 use crate::daemon::{Daemon, DaemonOptions};
 use crate::inputs::{LocalInputs, datastore_config, kernel_hostname, read_datastore_inputs};
 use crate::status::{DEFAULT_SOCKET, StatusDoc, render, request};
-use crate::{FelixError, LogLevelSetter};
+use crate::{FelixError, LogSetters};
 
 #[derive(Debug, Args)]
 #[command(
@@ -102,22 +102,23 @@ pub struct StatusArgs {
 /// Runs `margay felix ...`; returns the exit code.
 pub fn run_felix(
     args: FelixArgs,
-    log_level: Option<LogLevelSetter>,
+    logs: LogSetters,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
     match args.command {
-        None => run_daemon(args.run, log_level, err),
-        Some(FelixCommand::Run(run)) => run_daemon(run, log_level, err),
+        None => run_daemon(args.run, logs, err),
+        Some(FelixCommand::Run(run)) => run_daemon(run, logs, err),
         Some(FelixCommand::Config(c)) => run_config(c, out, err),
         Some(FelixCommand::Status(s)) => run_status(s, out, err),
     }
 }
 
-fn run_daemon(args: RunArgs, log_level: Option<LogLevelSetter>, err: &mut dyn Write) -> u8 {
+fn run_daemon(args: RunArgs, logs: LogSetters, err: &mut dyn Write) -> u8 {
     let socket = (args.status_socket.as_os_str() != "none").then_some(args.status_socket);
     let mut opts = DaemonOptions::from_process(args.config_file, socket);
-    opts.log_level = log_level;
+    opts.log_level = logs.screen;
+    opts.syslog_level = logs.syslog;
     let exit = Daemon::new(opts).run();
     if let crate::daemon::Exit::Failed(msg) = &exit {
         let _ = writeln!(err, "margay felix: {msg}");

@@ -64,6 +64,9 @@ pub struct DaemonOptions {
     /// Applies LogSeverityScreen once configuration is loaded (None: leave levels alone,
     /// e.g. because `--log-level` was given).
     pub log_level: Option<LogLevelSetter>,
+    /// Applies LogSeveritySys once configuration is loaded (None: no syslog destination, e.g.
+    /// Felix running inside another process).
+    pub syslog_level: Option<LogLevelSetter>,
     /// The pause before exiting for a restart (Calico: 2 s).
     pub restart_delay: Duration,
     /// Listen for SIGTERM, SIGINT and SIGHUP.
@@ -79,6 +82,7 @@ impl DaemonOptions {
             status_socket,
             kernel_hostname: crate::inputs::kernel_hostname(),
             log_level: None,
+            syslog_level: None,
             restart_delay: Duration::from_secs(2),
             handle_signals: true,
         }
@@ -191,12 +195,7 @@ struct GraphSnapshot {
 }
 
 /// The encapsulation Felix started with, and the overrides that decide it with the pools.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Encap {
-    ipip: bool,
-    vxlan: bool,
-    vxlan_v6: bool,
-}
+use crate::dataplane_config::Encap;
 
 #[derive(Debug, Clone, Copy)]
 struct EncapPolicy {
@@ -230,9 +229,8 @@ fn make_driver(
     hostname: &str,
     encap: Encap,
 ) -> Result<DriverParts, StartError> {
-    use margay_dataplane::linux::routing::RoutingConfig;
     use margay_dataplane::linux_driver::{LinuxDriver, LinuxDriverConfig};
-    use margay_dataplane::nft::{EndpointToHostAction, NftConfig, NftRunner};
+    use margay_dataplane::nft::NftRunner;
     use margay_dataplane::nft_driver::NftDriverConfig;
     let mode = env
         .get("MARGAY_DATAPLANE")
@@ -258,62 +256,60 @@ fn make_driver(
                     "NFTablesMode is not Enabled/Auto, but margay programs policy with nftables only"
                 );
             }
-            // Two mark bits for policy verdicts: the lowest two of the mask.
-            let mask = config.nftables_mark_mask;
-            let accept = mask & mask.wrapping_neg();
-            let rest = mask & !accept;
-            let pass = rest & rest.wrapping_neg();
-            if accept == 0 || pass == 0 {
-                return Err(StartError::Fatal(format!(
-                    "NftablesMarkMask {mask:#x} must have at least two bits set (margay needs an accept and a pass bit)"
-                )));
+            let nft =
+                crate::dataplane_config::nft_config(config, encap).map_err(StartError::Fatal)?;
+            let mut routing = crate::dataplane_config::routing_config(config, hostname);
+            let links = margay_dataplane::linux::netlink::Netlink::open()
+                .and_then(|mut nl| nl.links())
+                .map_err(|e| {
+                    StartError::Fatal(format!(
+                        "cannot list the host's interfaces: {e} (Felix needs CAP_NET_ADMIN in \
+                         the node's network namespace)"
+                    ))
+                })?;
+            let mtus = detect_mtus(env, config, encap, &links)?;
+            let flowtable = crate::dataplane_config::flowtable_devices(config, &links)
+                .map_err(StartError::Fatal)?;
+            if let Some(r) = &mut routing {
+                r.vxlan.mtu = mtus.vxlan;
+                r.vxlan_v6.mtu = mtus.vxlan_v6;
             }
-            let nft = NftConfig {
-                table: "margay".into(),
-                workload_prefixes: config
-                    .interface_prefixes()
-                    .into_iter()
-                    .map(str::to_string)
-                    .collect(),
-                endpoint_to_host: match config
-                    .default_endpoint_to_host_action
-                    .to_ascii_uppercase()
-                    .as_str()
-                {
-                    "ACCEPT" => EndpointToHostAction::Accept,
-                    "RETURN" => EndpointToHostAction::Return,
-                    _ => EndpointToHostAction::Drop,
+            if config.route_sync_disabled {
+                tracing::info!(
+                    "RouteSyncDisabled: Felix programs no routes and no VXLAN device (policy only)"
+                );
+            }
+            // Calico reads the host's default reverse-path filter once, for the workload
+            // interfaces (strict when it cannot be read).
+            let sys = margay_dataplane::linux::sysctl::ProcSys::default();
+            let default_rp_filter = sys.read("net/ipv4/conf/default/rp_filter").unwrap_or_else(
+                |e| {
+                    tracing::warn!(
+                        "could not determine the default rp_filter setting ({e}); using strict (1)"
+                    );
+                    margay_dataplane::linux::sysctl::DEFAULT_RP_FILTER.to_string()
                 },
-                mark_accept: accept,
-                mark_pass: pass,
-                ipv6: config.ipv6_support,
-                vxlan_port: (encap.vxlan || encap.vxlan_v6)
-                    .then(|| u16::try_from(config.vxlan_port).unwrap_or(4789)),
-                log_prefix: "calico-packet".into(),
-            };
-            let mut routing = RoutingConfig::new(hostname);
-            routing.ipv6 = config.ipv6_support;
-            routing.vxlan.vni = u32::try_from(config.vxlan_vni).unwrap_or(4096);
-            routing.vxlan.port = u16::try_from(config.vxlan_port).unwrap_or(4789);
-            routing.vxlan.mtu = u32::try_from(config.vxlan_mtu).unwrap_or(0);
-            routing.vxlan_v6.vni = routing.vxlan.vni;
-            routing.vxlan_v6.port = routing.vxlan.port;
-            routing.vxlan_v6.mtu = u32::try_from(config.vxlan_mtu_v6).unwrap_or(0);
-            // Calico's ProgramNoEncapClusterRoutes: otherwise BIRD installs them.
-            routing.program_noencap_routes = matches!(
-                config.program_cluster_routes.as_str(),
-                "Enabled" | "EnabledNoEncapOnly"
             );
             let (driver, recording, stats) = LinuxDriver::new(LinuxDriverConfig {
                 nft: NftDriverConfig {
                     nft,
                     runner: NftRunner::default(),
-                    refresh_interval: config.nftables_refresh_interval,
+                    refresh_interval: config.policy_refresh_interval(),
+                    flowtable_extra_devices: flowtable,
                 },
-                routing: Some(routing),
+                routing,
                 route_refresh_interval: config.route_refresh_interval,
                 status_prefix: (!config.endpoint_status_path_prefix.is_empty())
                     .then(|| std::path::PathBuf::from(&config.endpoint_status_path_prefix)),
+                global_sysctls: margay_dataplane::linux::sysctl::global_sysctls(
+                    config.ip_forwarding.eq_ignore_ascii_case("Enabled"),
+                    config.ipv6_support,
+                ),
+                interfaces: Some(margay_dataplane::linux::interfaces::InterfaceConfig {
+                    ipv6: config.ipv6_support,
+                    default_rp_filter,
+                    refresh_interval: config.interface_refresh_interval,
+                }),
             });
             tracing::info!(
                 driver = driver.name(),
@@ -326,6 +322,55 @@ fn make_driver(
             "MARGAY_DATAPLANE={other:?} is not a dataplane driver: use linux (the default) or recording"
         ))),
     }
+}
+
+/// Overrides where Felix writes the pod MTU (Calico's fixed `/var/lib/calico/mtu`): for tests
+/// and for several nodes on one machine (the lab).
+pub const ENV_MTU_FILE: &str = "MARGAY_MTU_FILE";
+
+/// Calico's MTU auto-detection at start: the host MTU from the interfaces MTUIfacePattern
+/// matches, the VXLAN MTUs, and the pod MTU written for the CNI plugin (a write failure stops
+/// Felix with RequireMTUFile, else it is logged).
+fn detect_mtus(
+    env: &BTreeMap<String, String>,
+    config: &Config,
+    encap: Encap,
+    links: &[margay_dataplane::linux::netlink::Link],
+) -> Result<crate::dataplane_config::Mtus, StartError> {
+    let (mtus, used) =
+        crate::dataplane_config::mtus(config, encap, links).map_err(StartError::Fatal)?;
+    if used.is_empty() {
+        tracing::warn!(
+            pattern = config.mtu_iface_pattern.as_deref().unwrap_or(""),
+            host_mtu = mtus.host,
+            "No up interface matches MTUIfacePattern; assuming the host MTU is 1460. To detect \
+             it, set mtuIfacePattern to match your host's interfaces"
+        );
+    }
+    tracing::info!(host_mtu = mtus.host, pod_mtu = mtus.pod, vxlan_mtu = mtus.vxlan, interfaces = ?used, "Determined MTUs");
+    let file = env
+        .get(ENV_MTU_FILE)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(margay_dataplane::linux::mtu::MTU_FILE));
+    let written = file
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&file, mtus.pod.to_string()));
+    match written {
+        Ok(()) => tracing::debug!(file = %file.display(), mtu = mtus.pod, "wrote the pod MTU"),
+        Err(e) if config.require_mtu_file => {
+            return Err(StartError::Fatal(format!(
+                "cannot write the MTU file {}: {e}, and RequireMTUFile is set (fix the \
+                 directory's permissions or unset RequireMTUFile)",
+                file.display()
+            )));
+        }
+        Err(e) => tracing::error!(
+            file = %file.display(),
+            "cannot write the MTU file: {e}; pods may not get the right MTU"
+        ),
+    }
+    Ok(mtus)
 }
 
 /// The encapsulation the pools call for, decided exactly as the calculation graph decides it
@@ -806,6 +851,23 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
             }
         }
     }
+    if let Some(set) = &opts.syslog_level {
+        match calico_level(&config.log_severity_sys) {
+            Some(level) => {
+                if let Err(e) = set(level) {
+                    // Not fatal, as in Calico: syslog is often absent in containers.
+                    tracing::error!(
+                        error = %e,
+                        "Failed to connect to syslog. To prevent this error, either set config \
+                         parameter LogSeveritySys=none or configure a local syslog service."
+                    );
+                }
+            }
+            None => {
+                tracing::warn!(value = %config.log_severity_sys, "LogSeveritySys is not a level; not logging to syslog")
+            }
+        }
+    }
     let set_count = loaded
         .sources()
         .filter(|(_, e)| e.source != margay_felix_config::Source::Default)
@@ -955,12 +1017,22 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
     // Metrics, the status socket, and the start-up summary once ready.
     let (stop_servers, stop_rx) = watch::channel(false);
     let mut servers = Vec::new();
+    metrics
+        .process_metrics
+        .store(config.prometheus_process_metrics_enabled, Ordering::Relaxed);
     if config.prometheus_metrics_enabled {
         let host = config.prometheus_metrics_host.clone();
         let port = config.prometheus_metrics_port;
+        let tls = crate::metrics_tls::MetricsTls::from_config(&config)
+            .map_err(|e| StartError::Fatal(format!("Prometheus metrics: {e}")))?;
+        if let Some(t) = &tls {
+            // Catch unusable files at start; they are read again per connection.
+            t.server_config()
+                .map_err(|e| StartError::Fatal(format!("Prometheus metrics over TLS: {e}")))?;
+        }
         match http::bind(&host, port).await {
             Ok(l) => {
-                tracing::info!(host = %host, port, "Prometheus metrics enabled. Starting metrics http server.");
+                tracing::info!(host = %host, port, tls = tls.is_some(), "Prometheus metrics enabled. Starting metrics http server.");
                 let m = metrics.clone();
                 let handler: Handler = Arc::new(move |path: &str| match path {
                     "/metrics" | "/" => Response {
@@ -970,7 +1042,10 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
                     },
                     _ => Response::text(404, "404 page not found\n"),
                 });
-                servers.push(tokio::spawn(http::serve(l, handler, stop_rx.clone())));
+                servers.push(match tls {
+                    Some(t) => tokio::spawn(http::serve_tls(l, handler, t, stop_rx.clone())),
+                    None => tokio::spawn(http::serve(l, handler, stop_rx.clone())),
+                });
             }
             Err(e) => {
                 return Err(StartError::Fatal(format!(
@@ -1274,13 +1349,16 @@ fn validation_loop(
                 for u in updates {
                     let key = u.key;
                     let value = match u.value {
-                        Some(r) => match r.validate() {
+                        Some(r) => match r
+                            .validate()
+                            .map_err(|e| e.to_string())
+                            .and_then(|()| felix_checks(&r, &watch.startup))
+                        {
                             Ok(()) => {
                                 clear_invalid(&shared, &key);
                                 Some(r)
                             }
-                            Err(e) => {
-                                let reason = e.to_string();
+                            Err(reason) => {
                                 tracing::warn!(
                                     resource = %key,
                                     reason = %reason,
@@ -1308,6 +1386,24 @@ fn validation_loop(
             }
         }
     }
+}
+
+/// Felix's own checks on top of each resource's validation (Calico's validation filter): a
+/// WorkloadEndpoint that asks to send from addresses other than its own is refused unless
+/// WorkloadSourceSpoofing is `Any` (then it reaches the dataplane, which lets those sources
+/// through and turns the interface's reverse-path filter off).
+pub fn felix_checks(r: &Resource, config: &Config) -> Result<(), String> {
+    if let Resource::WorkloadEndpoint(w) = r
+        && !w.spec.allow_spoofed_source_prefixes.is_empty()
+        && !config.workload_source_spoofing.eq_ignore_ascii_case("Any")
+    {
+        return Err(
+            "spec.allowSpoofedSourcePrefixes: source address spoofing is requested but not \
+             enabled in Felix's configuration (set WorkloadSourceSpoofing to Any)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 fn clear_invalid(shared: &Shared, key: &ResourceKey) {
@@ -1805,6 +1901,23 @@ async fn status_connection(stream: tokio::net::UnixStream, shared: &Shared) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn spoofing_endpoints_need_workload_source_spoofing_any() {
+        let wep = margay_api::decode_one(
+            "apiVersion: projectcalico.org/v3\nkind: WorkloadEndpoint\nmetadata: {name: n-k8s-p-eth0, namespace: ns}\nspec: {orchestrator: k8s, node: n, pod: p, endpoint: eth0, interfaceName: calip, ipNetworks: [10.65.0.1/32], allowSpoofedSourcePrefixes: [10.99.0.0/24]}",
+        )
+        .unwrap();
+        let mut c = Config::defaults().clone();
+        let e = felix_checks(&wep, &c).unwrap_err();
+        assert!(e.contains("WorkloadSourceSpoofing"), "{e}");
+        c.workload_source_spoofing = "Any".into();
+        assert_eq!(felix_checks(&wep, &c), Ok(()));
+        assert_eq!(
+            felix_checks(&pool("{cidr: 10.0.0.0/16}"), &Config::defaults().clone()),
+            Ok(())
+        );
+    }
 
     fn pool(yaml_spec: &str) -> Resource {
         margay_api::decode_one(&format!(

@@ -175,6 +175,50 @@ pub async fn serve(
     }
 }
 
+/// Serves `listener` over TLS until `stop` turns true. The TLS settings are read again for
+/// every connection (rotated certificates are picked up); a connection whose handshake fails
+/// or takes longer than the read timeout is closed.
+pub async fn serve_tls(
+    listener: TcpListener,
+    handler: Handler,
+    tls: crate::metrics_tls::MetricsTls,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.changed() => {
+                if *stop.borrow() {
+                    return;
+                }
+            }
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let config = match tls.server_config() {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::error!("metrics TLS configuration: {e}; closing the connection from {peer}");
+                            continue;
+                        }
+                    };
+                    let h = handler.clone();
+                    tokio::spawn(async move {
+                        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                        match tokio::time::timeout(READ_TIMEOUT, acceptor.accept(stream)).await {
+                            Ok(Ok(s)) => handle(s, &h).await,
+                            Ok(Err(e)) => tracing::debug!(%peer, "metrics TLS handshake failed: {e}"),
+                            Err(_) => tracing::debug!(%peer, "metrics TLS handshake timed out"),
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
 /// Binds `host:port` the way Go's net.Listen does: an empty host means every address.
 pub async fn bind(host: &str, port: u16) -> std::io::Result<TcpListener> {
     if host.is_empty() {

@@ -12,10 +12,12 @@ pub mod blocks;
 pub mod bootstrap;
 pub mod cli;
 pub mod daemon;
+pub mod dataplane_config;
 pub mod health;
 pub mod http;
 pub mod inputs;
 pub mod metrics;
+pub mod metrics_tls;
 pub mod status;
 pub mod typha_feed;
 
@@ -44,6 +46,16 @@ pub enum FelixError {
 /// Sets the screen log level (a tracing filter such as `info`); the binary provides it, since
 /// only the binary owns the subscriber.
 pub type LogLevelSetter = std::sync::Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
+/// The log destinations Felix configures once its configuration is loaded.
+#[derive(Clone, Default)]
+pub struct LogSetters {
+    /// LogSeverityScreen (None: leave the screen level alone, e.g. `--log-level` was given).
+    pub screen: Option<LogLevelSetter>,
+    /// LogSeveritySys: `off` disconnects; any other level connects to the local syslog
+    /// socket, failing when there is none.
+    pub syslog: Option<LogLevelSetter>,
+}
 
 /// Calico's log severity names (logrus: Panic, Fatal, Error, Warning, Info, Debug, Trace, any
 /// case) as a tracing level; None for names it does not know.

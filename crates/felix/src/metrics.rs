@@ -140,6 +140,8 @@ pub struct Metrics {
     // margay's own.
     pub invalid_resources: LabelledCounter,
     pub bootstrap_phases: Mutex<Vec<(String, f64)>>,
+    /// PrometheusProcessMetricsEnabled: also export the process's own metrics.
+    pub process_metrics: std::sync::atomic::AtomicBool,
 }
 
 impl Metrics {
@@ -167,6 +169,7 @@ impl Metrics {
             dataplane_initial_resync_time: Gauge::default(),
             invalid_resources: LabelledCounter::default(),
             bootstrap_phases: Mutex::new(Vec::new()),
+            process_metrics: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -333,7 +336,12 @@ impl Metrics {
             "Seconds each start-up phase took, in the order they ran (margay).",
             &phases,
         );
-        self.render_process(w);
+        if self
+            .process_metrics
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.render_process(w);
+        }
         out
     }
 
@@ -543,6 +551,14 @@ mod tests {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
         assert_eq!(text.matches("phase=\"config_load\"").count(), 1);
+        assert!(text.contains("\nprocess_start_time_seconds "), "{text}");
+        // PrometheusProcessMetricsEnabled false: the process's metrics go.
+        m.process_metrics
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let text = m.render();
+        check_exposition(&text);
+        assert!(!text.contains("process_"), "{text}");
+        assert!(text.contains("felix_resync_state 3\n"));
     }
 
     #[test]

@@ -506,7 +506,8 @@ fn build(
                 &format!("{FABRIC_PREFIX}.1"),
             ],
         )?;
-        net::sysctl(&node.netns, "net.ipv4.ip_forward", "1")?;
+        // No forwarding sysctl here: a fresh namespace has forwarding off, like a host nobody
+        // prepared, and Felix (IPForwarding) turns it on.
         std::fs::create_dir_all(st.node_dir(&node.name))
             .map_err(|e| other(format!("{}: {e}", st.node_dir(&node.name).display())))?;
     }
@@ -645,6 +646,11 @@ fn build(
                 dir.join("status").display().to_string(),
             ),
             ("MARGAY_DATAPLANE".into(), "linux".into()),
+            // Each node's pod MTU (Calico's /var/lib/calico/mtu) in the node's directory.
+            (
+                "MARGAY_MTU_FILE".into(),
+                dir.join("mtu").display().to_string(),
+            ),
             ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
         ]);
         let argv = vec![
@@ -928,7 +934,6 @@ fn cni(
         "cniVersion": "1.0.0",
         "name": "k8s-pod-network",
         "type": "margay",
-        "mtu": 1450,
         "nodename": node.name,
         "nodename_file": dir.join("root/var/lib/calico/nodename").display().to_string(),
         "log_level": "info",
@@ -963,6 +968,8 @@ fn cni(
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("CNI_COMMAND", command)
+        // No MTU in the network config: the plugin takes the one Felix detected.
+        .env("MARGAY_MTU_FILE", dir.join("mtu"))
         .env("CNI_CONTAINERID", &pod.container_id)
         .env("CNI_NETNS", format!("/run/netns/{}", pod.netns))
         .env("CNI_IFNAME", "eth0")

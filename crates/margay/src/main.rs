@@ -2,6 +2,8 @@
 //! invoked as, e.g. a `calicoctl` symlink). No logic of its own lives here.
 #![forbid(unsafe_code)]
 
+mod syslog;
+
 use std::io::{self, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
@@ -104,7 +106,7 @@ fn main() -> ExitCode {
         Role::Confd(_) => "info".to_string(),
         Role::Felix(_) | Role::Cni(_) | Role::Lab(_) | Role::Typha(_) => "warn".to_string(),
     });
-    let set_level = init_logging(&level);
+    let (set_level, set_syslog) = init_logging(&level);
     let code = match cli.role {
         Role::Ctl(ctl) => margay_ctl::run(
             ctl,
@@ -119,7 +121,10 @@ fn main() -> ExitCode {
         // given on the command line.
         Role::Felix(felix) => margay_felix::cli::run_felix(
             felix,
-            (!explicit_level).then_some(set_level),
+            margay_felix::LogSetters {
+                screen: (!explicit_level).then_some(set_level),
+                syslog: Some(set_syslog),
+            },
             &mut io::stdout(),
             &mut io::stderr(),
         ),
@@ -155,23 +160,46 @@ fn felix_runs_daemon(f: &margay_felix::cli::FelixArgs) -> bool {
     )
 }
 
-/// Installs the stderr subscriber; returns a way to change its level later.
-fn init_logging(level: &str) -> margay_felix::LogLevelSetter {
+/// Installs the logging: stderr at `level`, and a syslog destination that stays off until
+/// a level is set (Felix's LogSeveritySys). Returns a way to change each level later.
+fn init_logging(level: &str) -> (margay_felix::LogLevelSetter, margay_felix::LogLevelSetter) {
+    use std::sync::Arc;
+
+    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{Layer, reload};
+
     let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|e| {
         eprintln!("warning: invalid --log-level {level:?} ({e}); using warn");
         tracing_subscriber::EnvFilter::new("warn")
     });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let (screen_filter, screen) = reload::Layer::new(filter);
+    let screen_layer = tracing_subscriber::fmt::layer()
         .with_writer(io::stderr)
         // Colours only for people: logs going to a file or a journal stay plain text.
         .with_ansi(io::stderr().is_terminal())
         .with_target(false)
-        .with_filter_reloading();
-    let handle = builder.reload_handle();
-    builder.init();
-    std::sync::Arc::new(move |level: &str| {
+        .with_filter(screen_filter);
+    let sys = Arc::new(syslog::SyslogLayer::default());
+    let (sys_filter, sys_level) = reload::Layer::new(LevelFilter::OFF);
+    let sys_layer = syslog::Shared(sys.clone()).with_filter(sys_filter);
+    tracing_subscriber::registry()
+        .with(screen_layer)
+        .with(sys_layer)
+        .init();
+    let set_screen: margay_felix::LogLevelSetter = Arc::new(move |level: &str| {
         let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
-        handle.reload(filter).map_err(|e| e.to_string())
-    })
+        screen.reload(filter).map_err(|e| e.to_string())
+    });
+    let set_syslog: margay_felix::LogLevelSetter = Arc::new(move |level: &str| {
+        let filter: LevelFilter = level.parse().map_err(|e| format!("{e}"))?;
+        if filter == LevelFilter::OFF {
+            sys.disconnect();
+        } else {
+            sys.connect()?;
+        }
+        sys_level.reload(filter).map_err(|e| e.to_string())
+    });
+    (set_screen, set_syslog)
 }

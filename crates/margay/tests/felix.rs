@@ -167,6 +167,8 @@ impl Felix {
             .env("FELIX_PROMETHEUSMETRICSENABLED", "true")
             .env("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1")
             .env("FELIX_PROMETHEUSMETRICSPORT", metrics_port.to_string())
+            // The machine's own syslog is none of the test's business.
+            .env("FELIX_LOGSEVERITYSYS", "none")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
@@ -603,4 +605,184 @@ spec: {cidr: 10.65.0.0/16, ipipMode: Always, vxlanMode: Never, natOutgoing: true
     let log = felix.log();
     assert_eq!(status.code(), Some(129), "log:\n{log}");
     assert!(log.contains("encapsulation changed"), "{log}");
+}
+
+/// Every datagram that arrives on `sock` within `within`.
+fn datagrams(sock: &std::os::unix::net::UnixDatagram, within: Duration) -> Vec<String> {
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let deadline = Instant::now() + within;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    while Instant::now() < deadline {
+        if let Ok(n) = sock.recv(&mut buf) {
+            out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+    }
+    out
+}
+
+const SPOOFING_WEP: &str = "apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata: {name: node1-k8s-spoofer-eth0, namespace: ns1}
+spec: {orchestrator: k8s, node: node1, pod: spoofer, endpoint: eth0, interfaceName: calispoof, ipNetworks: [10.65.0.9/32], allowSpoofedSourcePrefixes: [10.99.0.0/24]}
+";
+
+/// LogSeveritySys: Felix logs to the local syslog socket at that level, as Calico's Felix
+/// (facility user, tag calico-felix), and not at all with `none`.
+#[test]
+fn felix_logs_to_syslog_at_log_severity_sys() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::Local(dir.path().join("ds.db"));
+    seed(&store, dir.path());
+    let path = dir.path().join("syslog.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    let start = |level: &str| {
+        let mut f = Felix::start(
+            &store,
+            dir.path(),
+            &[
+                ("MARGAY_SYSLOG_SOCKET", path.to_str().unwrap()),
+                ("FELIX_LOGSEVERITYSYS", level),
+            ],
+        );
+        f.wait_ready(Duration::from_secs(30));
+        f
+    };
+
+    // Warning: warnings arrive (an endpoint that fails Felix's checks makes one), info does not.
+    let felix = start("Warning");
+    apply(&store, dir.path(), "spoof.yaml", SPOOFING_WEP);
+    let got = datagrams(&sock, Duration::from_secs(2));
+    drop(felix);
+    assert!(
+        got.iter().any(|m| m.starts_with("<12>")
+            && m.contains(" calico-felix[")
+            && m.contains("failed validation")),
+        "no warning reached syslog: {got:#?}"
+    );
+    assert!(
+        !got.iter().any(|m| m.starts_with("<14>")),
+        "info reached syslog at Warning: {got:#?}"
+    );
+
+    // Info (Calico's default): the start-up's info lines arrive too.
+    let felix = start("Info");
+    let got = datagrams(&sock, Duration::from_secs(1));
+    drop(felix);
+    assert!(
+        got.iter().any(|m| m.starts_with("<14>")),
+        "no info line at Info: {got:#?}"
+    );
+
+    // none: nothing.
+    let felix = start("none");
+    let got = datagrams(&sock, Duration::from_secs(1));
+    drop(felix);
+    assert!(got.is_empty(), "syslog got lines with none: {got:#?}");
+}
+
+/// One GET over TLS (with a client certificate when given); Err says how the TLS or HTTP
+/// exchange failed.
+fn https_get(
+    port: u16,
+    ca: &Path,
+    client: Option<(&Path, &Path)>,
+) -> Result<(u16, String), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use std::sync::Arc;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match client {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(cert)
+                    .unwrap()
+                    .map(|c| c.unwrap())
+                    .collect(),
+                PrivateKeyDer::from_pem_file(key).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    write!(tls, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut raw = String::new();
+    tls.read_to_string(&mut raw).map_err(|e| e.to_string())?;
+    let code = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not HTTP: {raw:?}"))?;
+    Ok((code, raw))
+}
+
+/// PrometheusMetricsCertFile/KeyFile/CAFile/ClientAuth: the metrics are served over TLS and
+/// only to clients with a certificate the CA signed; PrometheusProcessMetricsEnabled false
+/// leaves out the process's metrics.
+#[test]
+fn felix_serves_metrics_over_tls_to_verified_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = margay_testkit::etcd::TestPki::generate(&dir.path().join("pki").tap_mkdir()).unwrap();
+    let store = Store::Local(dir.path().join("ds.db"));
+    seed(&store, dir.path());
+    let mut felix = Felix::start(
+        &store,
+        dir.path(),
+        &[
+            (
+                "FELIX_PROMETHEUSMETRICSCERTFILE",
+                pki.server_cert.to_str().unwrap(),
+            ),
+            (
+                "FELIX_PROMETHEUSMETRICSKEYFILE",
+                pki.server_key.to_str().unwrap(),
+            ),
+            ("FELIX_PROMETHEUSMETRICSCAFILE", pki.ca.to_str().unwrap()),
+            (
+                "FELIX_PROMETHEUSMETRICSCLIENTAUTH",
+                "RequireAndVerifyClientCert",
+            ),
+            ("FELIX_PROMETHEUSPROCESSMETRICSENABLED", "false"),
+        ],
+    );
+    felix.wait_ready(Duration::from_secs(30));
+    let port = felix.metrics_port;
+    // Plain HTTP gets no metrics.
+    assert!(
+        !matches!(http_get(port, "/metrics"), Some((200, _))),
+        "metrics served in the clear"
+    );
+    // TLS without a client certificate is refused.
+    let e = https_get(port, &pki.ca, None);
+    assert!(e.is_err(), "served without a client certificate: {e:?}");
+    // With one the CA signed: the metrics, without the process's own.
+    let (code, body) = https_get(port, &pki.ca, Some((&pki.client_cert, &pki.client_key)))
+        .unwrap_or_else(|e| panic!("{e}; log:\n{}", felix.log()));
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("felix_resync_state"), "{body}");
+    assert!(!body.contains("process_start_time_seconds"), "{body}");
+}
+
+trait TapMkdir {
+    fn tap_mkdir(self) -> Self;
+}
+
+impl TapMkdir for PathBuf {
+    fn tap_mkdir(self) -> Self {
+        std::fs::create_dir_all(&self).unwrap();
+        self
+    }
 }

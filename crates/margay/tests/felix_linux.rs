@@ -1,11 +1,15 @@
 //! `margay felix` with the Linux dataplane, inside a test "node" namespace with pod
-//! namespaces behind `cali*` veths: policy from the datastore is enforced (real probes), the
-//! status shows the nft chains, and a Felix killed and restarted keeps established connections
-//! and never drops new allowed ones. Root only; everything lives in namespaces the test made.
+//! namespaces behind `cali*` veths and an "outside" namespace behind the node's uplink: policy
+//! from the datastore is enforced (real probes), the status shows the nft chains, a Felix
+//! killed and restarted keeps established connections and never drops new allowed ones, and
+//! Felix makes every host setting workloads need (forwarding, the workload interfaces'
+//! sysctls) and acts on its parameters — each checked by its effect. Nothing here does for
+//! margay what a real host would not: the node namespace starts with forwarding off.
+//! Root only; everything lives in namespaces the test made.
 #![allow(clippy::unwrap_used)]
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,6 +17,11 @@ use margay_testkit::netns::{Netns, is_root};
 use serde_json::Value;
 
 const NODE: &str = "nodea";
+/// The outside namespace's addresses: the node's gateway (registered as a host), an address
+/// that is no host, and a service address (BGPConfiguration serviceClusterIPs).
+const GATEWAY: &str = "192.0.2.254";
+const OUTSIDE: &str = "198.51.100.1";
+const SERVICE: &str = "10.96.0.10";
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_margay")
@@ -37,9 +46,15 @@ impl Drop for TempDir {
     }
 }
 
+/// Pods: 0 web, 1 db, 2 spoof (its endpoint asks to send from 10.99.0.0/24).
+const WEB: usize = 0;
+const DB: usize = 1;
+const SPOOF: usize = 2;
+
 struct Env {
     dir: TempDir,
     node: Netns,
+    outside: Netns,
     pods: Vec<(Netns, &'static str)>,
     procs: Procs,
 }
@@ -51,6 +66,14 @@ impl Env {
 
     fn socket(&self) -> PathBuf {
         self.dir.0.join("felix.sock")
+    }
+
+    fn mtu_file(&self) -> PathBuf {
+        self.dir.0.join("mtu")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("felix.log")).unwrap_or_default()
     }
 
     fn margay(&self) -> Command {
@@ -91,38 +114,48 @@ impl Env {
         );
     }
 
-    /// Starts Felix inside the node namespace (appended to `procs`; returns its index).
-    fn start_felix(&mut self) -> usize {
+    /// Felix as the node runs it, with `extra` FELIX_* settings.
+    fn felix_command(&self, extra: &[(&str, &str)]) -> Command {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.0.join("felix.log"))
             .unwrap();
-        let child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                self.node.name(),
-                bin(),
-                "felix",
-                "run",
-                "--status-socket",
-            ])
-            .arg(self.socket())
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("DATASTORE_TYPE", "local")
-            .env("DATASTORE_PATH", self.db())
-            .env("FELIX_FELIXHOSTNAME", NODE)
-            .env("FELIX_HEALTHENABLED", "false")
-            .env("FELIX_LOGSEVERITYSCREEN", "Info")
-            .env("MARGAY_DATAPLANE", "linux")
-            .env("FELIX_ENDPOINTSTATUSPATHPREFIX", self.dir.0.join("status"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let mut c = Command::new("ip");
+        c.args([
+            "netns",
+            "exec",
+            self.node.name(),
+            bin(),
+            "felix",
+            "run",
+            "--status-socket",
+        ])
+        .arg(self.socket())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATASTORE_TYPE", "local")
+        .env("DATASTORE_PATH", self.db())
+        .env("FELIX_FELIXHOSTNAME", NODE)
+        .env("FELIX_HEALTHENABLED", "false")
+        .env("FELIX_LOGSEVERITYSCREEN", "Info")
+        // The machine's own syslog is none of the test's business.
+        .env("FELIX_LOGSEVERITYSYS", "none")
+        .env("MARGAY_DATAPLANE", "linux")
+        .env("MARGAY_MTU_FILE", self.mtu_file())
+        .env("FELIX_ENDPOINTSTATUSPATHPREFIX", self.dir.0.join("status"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log);
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Starts Felix inside the node namespace (appended to `procs`; returns its index).
+    fn start_felix(&mut self, extra: &[(&str, &str)]) -> usize {
+        let child = self.felix_command(extra).spawn().unwrap();
         self.procs.0.push(child);
         self.procs.0.len() - 1
     }
@@ -149,26 +182,45 @@ impl Env {
                 return s;
             }
             if Instant::now() > deadline {
-                let log = std::fs::read_to_string(self.dir.0.join("felix.log")).unwrap_or_default();
-                panic!("felix did not get its dataplane in sync in 30 s; log:\n{log}");
+                panic!(
+                    "felix did not get its dataplane in sync in 30 s; log:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
-    fn tcp(&self, from: usize, to: usize, port: u16, timeout: &str) -> bool {
+    fn sysctl(&self, key: &str) -> String {
+        let out = self
+            .node
+            .exec("cat")
+            .arg(format!("/proc/sys/{}", key.replace('.', "/")))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// The node's nftables ruleset.
+    fn ruleset(&self) -> String {
+        let out = self
+            .node
+            .exec("nft")
+            .args(["list", "ruleset"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn node_ip(&self, args: &[&str]) -> String {
+        self.node.ip(args).unwrap()
+    }
+
+    fn tcp(&self, from: usize, to: &str, port: u16, timeout: &str) -> bool {
         self.pods[from]
             .0
             .exec("timeout")
-            .args([
-                timeout,
-                "nc",
-                "-z",
-                "-w",
-                "1",
-                self.pods[to].1,
-                &port.to_string(),
-            ])
+            .args([timeout, "nc", "-z", "-w", "1", to, &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -180,7 +232,7 @@ impl Env {
     fn until(&self, from: usize, to: usize, port: u16, want: bool, limit: Duration) -> Duration {
         let t = Instant::now();
         loop {
-            if self.tcp(from, to, port, "0.3") == want {
+            if self.tcp(from, self.pods[to].1, port, "0.3") == want {
                 return t.elapsed();
             }
             assert!(
@@ -189,53 +241,128 @@ impl Env {
             );
         }
     }
+
+    /// Sends one UDP datagram from pod `from` (from `source` if given) to `to:port`.
+    fn udp(&self, from: usize, source: Option<&str>, to: &str, port: u16, text: &str) {
+        let mut c = self.pods[from].0.exec("sh");
+        let src = source.map(|s| format!("-s {s} ")).unwrap_or_default();
+        c.args([
+            "-c",
+            &format!("echo {text} | timeout 2 nc -u -w 1 {src}{to} {port}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let _ = c.status().unwrap();
+    }
+
+    /// What pod db's UDP listener on `port` received.
+    fn received(&self, port: u16) -> String {
+        std::fs::read_to_string(self.dir.0.join(format!("udp-{port}"))).unwrap_or_default()
+    }
+
+    /// The translated source (reply destination) conntrack recorded for a TCP connection
+    /// from a pod to `dst:9000`.
+    fn nat_of(&self, dst: &str) -> Option<(String, u16)> {
+        let out = self
+            .node
+            .exec("conntrack")
+            .args(["-L", "-p", "tcp", "-d", dst, "--dport", "9000"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().next()?;
+        // The reply tuple is the second src=/dst=/sport=/dport= group.
+        let field = |name: &str| {
+            line.split_whitespace()
+                .filter_map(|w| w.strip_prefix(name))
+                .nth(1)
+                .map(str::to_string)
+        };
+        Some((field("dst=")?, field("dport=")?.parse().ok()?))
+    }
 }
 
 fn pod(node: &Netns, name: &str, ip: &'static str, iface: &str) -> Netns {
     node.add_pod(&format!("fl-{name}"), ip, iface).unwrap()
 }
 
-fn setup() -> Env {
+fn spawn_quiet(ns: &Netns, args: &[&str], out: Option<&Path>) -> Child {
+    let mut c = ns.exec(args[0]);
+    c.args(&args[1..])
+        .stdin(Stdio::null())
+        .stdout(match out {
+            Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
+            None => Stdio::null(),
+        })
+        .stderr(Stdio::null());
+    c.spawn().unwrap()
+}
+
+/// The node, its uplink to the outside, three pods and the datastore. `rp_filter` is the
+/// node's default reverse-path filter, as the host's distribution set it.
+fn setup(rp_filter: &str) -> Env {
     let dir = std::env::temp_dir().join(format!(
         "margay-felix-linux-{}-{}",
         std::process::id(),
-        Instant::now().elapsed().as_nanos()
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let node = Netns::new("fl-node").unwrap();
-    node.sysctl("net.ipv4.ip_forward", "1").unwrap();
-    node.add_veth("uplink0", "uplink1", &["192.0.2.1/24"])
+    let outside = Netns::new("fl-out").unwrap();
+    node.sysctl("net.ipv4.conf.default.rp_filter", rp_filter)
         .unwrap();
-    node.ip(&[
-        "route",
-        "add",
-        "default",
-        "via",
-        "192.0.2.254",
-        "dev",
-        "uplink0",
-    ])
-    .unwrap();
+    node.link_to("uplink0", &outside, "eth0").unwrap();
+    node.add_addr("uplink0", "192.0.2.1/24").unwrap();
+    node.set_up("uplink0").unwrap();
+    node.ip(&["route", "add", "default", "via", GATEWAY, "dev", "uplink0"])
+        .unwrap();
+    // An interface the default MTUIfacePattern matches, with a smaller MTU.
+    node.add_veth("ens5", "ens5peer", &[]).unwrap();
+    node.ip(&["link", "set", "ens5", "mtu", "1400"]).unwrap();
+    outside.add_addr("eth0", &format!("{GATEWAY}/24")).unwrap();
+    outside.set_up("eth0").unwrap();
+    for a in [OUTSIDE, SERVICE] {
+        outside.add_addr("lo", &format!("{a}/32")).unwrap();
+    }
+    outside
+        .ip(&["route", "add", "10.65.0.0/16", "via", "192.0.2.1"])
+        .unwrap();
+    outside
+        .ip(&["route", "add", "10.99.0.0/16", "via", "192.0.2.1"])
+        .unwrap();
     let web = pod(&node, "web", "10.65.0.1", "caliweb0");
     let db = pod(&node, "db", "10.65.0.2", "calidb00");
+    let spoof = pod(&node, "spf", "10.65.0.3", "calispf00");
+    spoof.add_addr("eth0", "10.99.0.5/32").unwrap();
     let mut procs = Procs(Vec::new());
     for ns in [&web, &db] {
         for port in ["80", "81", "82"] {
-            procs.0.push(
-                ns.exec("nc")
-                    .args(["-l", "-k", "-p", port])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap(),
-            );
+            procs
+                .0
+                .push(spawn_quiet(ns, &["nc", "-l", "-k", "-p", port], None));
         }
     }
+    for port in [4789u16, 5000] {
+        let out = dir.join(format!("udp-{port}"));
+        procs.0.push(spawn_quiet(
+            &db,
+            &["nc", "-u", "-l", "-k", "-p", &port.to_string()],
+            Some(&out),
+        ));
+    }
+    procs.0.push(spawn_quiet(
+        &outside,
+        &["nc", "-l", "-k", "-p", "9000"],
+        None,
+    ));
     let env = Env {
         dir: TempDir(dir),
         node,
-        pods: vec![(web, "10.65.0.1"), (db, "10.65.0.2")],
+        outside,
+        pods: vec![(web, "10.65.0.1"), (db, "10.65.0.2"), (spoof, "10.65.0.3")],
         procs,
     };
     // Registered as `margay node startup` does (ClusterInformation ready, the Node).
@@ -264,6 +391,21 @@ spec:
   egress: [{{action: Allow}}]
 ---
 apiVersion: projectcalico.org/v3
+kind: IPPool
+metadata: {{name: pods}}
+spec: {{cidr: 10.65.0.0/16, natOutgoing: true, ipipMode: Never, vxlanMode: Never}}
+---
+apiVersion: projectcalico.org/v3
+kind: Node
+metadata: {{name: gateway}}
+spec: {{bgp: {{ipv4Address: {GATEWAY}/24}}}}
+---
+apiVersion: projectcalico.org/v3
+kind: BGPConfiguration
+metadata: {{name: default}}
+spec: {{serviceClusterIPs: [{{cidr: 10.96.0.0/16}}]}}
+---
+apiVersion: projectcalico.org/v3
 kind: WorkloadEndpoint
 metadata:
   name: {NODE}-k8s-web-eth0
@@ -278,16 +420,28 @@ metadata:
   namespace: prod
   labels: {{app: db}}
 spec: {{orchestrator: k8s, node: {NODE}, pod: db, endpoint: eth0, interfaceName: calidb00, ipNetworks: [10.65.0.2/32], profiles: [kns.prod]}}
+---
+apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata:
+  name: {NODE}-k8s-spf-eth0
+  namespace: prod
+  labels: {{app: spf}}
+spec: {{orchestrator: k8s, node: {NODE}, pod: spf, endpoint: eth0, interfaceName: calispf00, ipNetworks: [10.65.0.3/32], profiles: [kns.prod], allowSpoofedSourcePrefixes: [10.99.0.0/24]}}
 "
         ),
     );
     // Listeners up before any probe.
     let deadline = Instant::now() + Duration::from_secs(10);
-    for (ns, _) in &env.pods {
+    for (ns, want) in [
+        (&env.pods[WEB].0, &[":80 ", ":81 ", ":82 "][..]),
+        (&env.pods[DB].0, &[":80 ", ":81 ", ":82 "][..]),
+        (&env.outside, &[":9000 "][..]),
+    ] {
         loop {
             let out = ns.exec("ss").args(["-ltn"]).output().unwrap();
             let t = String::from_utf8_lossy(&out.stdout);
-            if t.contains(":80 ") && t.contains(":81 ") && t.contains(":82 ") {
+            if want.iter().all(|w| t.contains(w)) {
                 break;
             }
             assert!(Instant::now() < deadline, "listeners did not start");
@@ -308,22 +462,111 @@ spec:
     destination: {ports: [81, 82]}
 ";
 
+const LOG_WEB: &str = "apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: log-web}
+spec:
+  selector: app == 'web'
+  ingress: [{action: Log}, {action: Allow}]
+  egress: [{action: Allow}]
+";
+
+/// Felix at its defaults, on a node nobody prepared: it turns forwarding on, configures the
+/// workload interfaces, enforces policy and keeps the dataplane through a restart.
 #[test]
 fn felix_enforces_datastore_policy_and_survives_a_restart() {
     if !is_root() {
         eprintln!("skipped: needs root (CI runs as root)");
         return;
     }
-    let mut env = setup();
-    let felix = env.start_felix();
+    let mut env = setup("2");
+    // A fresh namespace, like a host nobody prepared: forwarding is off.
+    assert_eq!(env.sysctl("net.ipv4.ip_forward"), "0");
+    assert_eq!(env.sysctl("net.ipv6.conf.all.forwarding"), "0");
+    assert_eq!(env.sysctl("net.ipv4.conf.caliweb0.route_localnet"), "0");
+    let felix = env.start_felix(&[]);
     let status = env.wait_in_sync();
     assert_eq!(status["dataplane"]["driver"], "linux");
+
+    // IPForwarding Enabled (the default): Felix turned forwarding on.
+    assert_eq!(env.sysctl("net.ipv4.ip_forward"), "1");
+    assert_eq!(env.sysctl("net.ipv6.conf.all.forwarding"), "1");
+    // The workload interfaces' settings, as Calico's Felix makes them; rp_filter is the
+    // host's default.
+    for (key, want) in [
+        ("route_localnet", "1"),
+        ("proxy_arp", "1"),
+        ("forwarding", "1"),
+        ("rp_filter", "2"),
+    ] {
+        for iface in ["caliweb0", "calidb00"] {
+            assert_eq!(
+                env.sysctl(&format!("net.ipv4.conf.{iface}.{key}")),
+                want,
+                "{iface} {key}"
+            );
+        }
+    }
+    assert_eq!(env.sysctl("net.ipv6.conf.caliweb0.accept_ra"), "0");
+    assert_eq!(env.sysctl("net.ipv6.conf.caliweb0.forwarding"), "1");
+    assert_eq!(env.sysctl("net.ipv6.conf.caliweb0.proxy_ndp"), "1");
+    // MTUIfacePattern (default): ens5 (1400) counts, uplink0 does not; no encapsulation.
+    assert_eq!(
+        std::fs::read_to_string(env.mtu_file()).unwrap().trim(),
+        "1400"
+    );
+    // Felix's route to each workload, without a source hint.
+    let route = env.node_ip(&["route", "show", "10.65.0.1"]);
+    assert!(
+        route.contains("proto 80") && !route.contains(" src "),
+        "{route}"
+    );
+
+    // WorkloadSourceSpoofing Disabled: the endpoint that asks to spoof is refused (treated as
+    // deleted, listed as a problem), so its interface is unknown and dropped.
+    let problems = status["problems"].to_string();
+    assert!(
+        problems.contains("nodea-k8s-spf-eth0") && problems.contains("WorkloadSourceSpoofing"),
+        "{problems}"
+    );
+    env.udp(SPOOF, Some("10.99.0.5"), "10.65.0.2", 5000, "spoofed");
+    env.udp(SPOOF, None, "10.65.0.2", 5000, "unknown-iface");
+    env.udp(WEB, None, "10.65.0.2", 5000, "plain");
+    // VXLAN from a workload is refused (AllowVXLANPacketsFromWorkloads false).
+    env.udp(WEB, None, "10.65.0.2", 4789, "vxlan");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(env.received(5000).trim(), "plain");
+    assert_eq!(env.received(4789), "");
+
     let eps = status["dataplane"]["nft"]["endpoints"]
         .as_array()
         .unwrap()
         .clone();
     assert_eq!(eps.len(), 2, "{status:#}");
-    assert!(env.tcp(0, 1, 80, "1"), "profiles allow web -> db:80");
+    assert!(
+        env.tcp(WEB, "10.65.0.2", 80, "1"),
+        "profiles allow web -> db:80"
+    );
+    // Out of the node: forwarded, masqueraded (natOutgoing), also to a host's address
+    // (NATOutgoingExclusions IPPoolsOnly).
+    assert!(env.tcp(WEB, OUTSIDE, 9000, "2"), "web reaches the outside");
+    assert!(env.tcp(WEB, GATEWAY, 9000, "2"), "web reaches the gateway");
+    assert_eq!(env.nat_of(OUTSIDE).unwrap().0, "192.0.2.1");
+    assert_eq!(env.nat_of(GATEWAY).unwrap().0, "192.0.2.1");
+    // ServiceLoopPrevention Drop: a service address nobody translated goes nowhere.
+    assert!(
+        !env.tcp(WEB, SERVICE, 9000, "2"),
+        "service-loop prevention drops traffic to an untranslated service address"
+    );
+    let rules = env.ruleset();
+    assert!(rules.contains("ct state invalid drop"), "{rules}");
+    assert!(rules.contains("IP-in-IP from a workload"), "{rules}");
+    // ACCEPT: ingress allows accept at once.
+    assert!(
+        rules.contains("meta mark set meta mark | 0x00010000 accept"),
+        "{rules}"
+    );
+
     // The CNI plugin can wait for these: one status file per programmed endpoint.
     let status_dir = env.dir.0.join("status/endpoint-status");
     let mut files: Vec<String> = std::fs::read_dir(&status_dir)
@@ -339,9 +582,9 @@ fn felix_enforces_datastore_policy_and_survives_a_restart() {
 
     // A policy arrives through the datastore: enforced within a bounded time.
     env.apply("deny.yaml", DENY_DB);
-    let took = env.until(0, 1, 80, false, Duration::from_secs(5));
+    let took = env.until(WEB, DB, 80, false, Duration::from_secs(5));
     eprintln!("policy enforced {took:?} after the datastore write (probe resolution ~0.3 s)");
-    assert!(env.tcp(0, 1, 81, "1"), "db:81 stays allowed");
+    assert!(env.tcp(WEB, "10.65.0.2", 81, "1"), "db:81 stays allowed");
     let text = env
         .margay()
         .args(["felix", "status", "--socket"])
@@ -355,7 +598,7 @@ fn felix_enforces_datastore_policy_and_survives_a_restart() {
     );
 
     // An established connection survives Felix being killed and restarted.
-    let mut conn = env.pods[0]
+    let mut conn = env.pods[WEB]
         .0
         .exec("nc")
         .args(["10.65.0.2", "82"])
@@ -372,19 +615,19 @@ fn felix_enforces_datastore_policy_and_survives_a_restart() {
     env.procs.0[felix].wait().unwrap();
     // Felix is down: the kernel keeps enforcing (nothing was flushed).
     assert!(
-        !env.tcp(0, 1, 80, "0.5"),
+        !env.tcp(WEB, "10.65.0.2", 80, "0.5"),
         "policy must stay while Felix is down"
     );
     assert!(
-        env.tcp(0, 1, 81, "1"),
+        env.tcp(WEB, "10.65.0.2", 81, "1"),
         "allowed traffic must flow while Felix is down"
     );
-    let _second = env.start_felix();
+    let _second = env.start_felix(&[]);
     // New allowed connections keep working throughout the restart.
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(2) {
         assert!(
-            env.tcp(0, 1, 81, "1"),
+            env.tcp(WEB, "10.65.0.2", 81, "1"),
             "an allowed probe failed during the restart"
         );
     }
@@ -408,5 +651,195 @@ fn felix_enforces_datastore_policy_and_survives_a_restart() {
 
     // Removing the policy restores the profile's allow.
     env.delete("networkpolicy", "db-only-81", Some("prod"));
-    env.until(0, 1, 80, true, Duration::from_secs(5));
+    env.until(WEB, DB, 80, true, Duration::from_secs(5));
+}
+
+/// Felix with parameters operators set: each one changes what the kernel does.
+#[test]
+fn felix_acts_on_its_parameters() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let mut env = setup("1");
+    // NATOutgoingAddress must be the node's: the outside answers it over the uplink.
+    env.node.add_addr("uplink0", "192.0.2.7/32").unwrap();
+    env.apply("log.yaml", LOG_WEB);
+    env.start_felix(&[
+        ("FELIX_IPTABLESFILTERDENYACTION", "REJECT"),
+        ("FELIX_IPTABLESFILTERALLOWACTION", "RETURN"),
+        ("FELIX_LOGPREFIX", "mgy-%k-%n"),
+        ("FELIX_LOGACTIONRATELIMIT", "5/second"),
+        ("FELIX_LOGACTIONRATELIMITBURST", "7"),
+        ("FELIX_ALLOWVXLANPACKETSFROMWORKLOADS", "true"),
+        ("FELIX_ALLOWIPIPPACKETSFROMWORKLOADS", "true"),
+        ("FELIX_SERVICELOOPPREVENTION", "Disabled"),
+        ("FELIX_DISABLECONNTRACKINVALIDCHECK", "true"),
+        ("FELIX_NATOUTGOINGEXCLUSIONS", "IPPoolsAndHostIPs"),
+        ("FELIX_NATPORTRANGE", "40000:40100"),
+        ("FELIX_NATOUTGOINGADDRESS", "192.0.2.7"),
+        ("FELIX_IPTABLESNATOUTGOINGINTERFACEFILTER", "uplink+"),
+        ("FELIX_DEVICEROUTESOURCEADDRESS", "192.0.2.1"),
+        ("FELIX_EXTERNALNODESCIDRLIST", "203.0.113.0/24"),
+        ("FELIX_INTERFACEREFRESHINTERVAL", "1"),
+        ("FELIX_WORKLOADSOURCESPOOFING", "Any"),
+        ("FELIX_MTUIFACEPATTERN", "^uplink"),
+    ]);
+    let status = env.wait_in_sync();
+    let rules = env.ruleset();
+
+    // WorkloadSourceSpoofing Any: the spoofing endpoint is programmed, its interface has no
+    // reverse-path filter (the others keep the host's strict default), and it may send from
+    // its allowed prefix.
+    assert_eq!(
+        status["dataplane"]["nft"]["endpoints"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3,
+        "{status:#}"
+    );
+    assert_eq!(env.sysctl("net.ipv4.conf.calispf00.rp_filter"), "0");
+    assert_eq!(env.sysctl("net.ipv4.conf.caliweb0.rp_filter"), "1");
+    env.udp(SPOOF, Some("10.99.0.5"), "10.65.0.2", 5000, "spoofed");
+    // AllowVXLANPacketsFromWorkloads: VXLAN from a workload passes.
+    env.udp(WEB, None, "10.65.0.2", 4789, "vxlan");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(env.received(5000).trim(), "spoofed");
+    assert_eq!(env.received(4789).trim(), "vxlan");
+    // AllowIPIPPacketsFromWorkloads: no IP-in-IP rule.
+    assert!(!rules.contains("IP-in-IP from a workload"), "{rules}");
+    // IptablesFilterAllowAction RETURN: allowed traffic flows, and no policy chain accepts.
+    assert!(env.tcp(WEB, "10.65.0.2", 80, "1"));
+    assert!(
+        !rules.contains("0x00010000 accept"),
+        "RETURN: allow verdicts return\n{rules}"
+    );
+    // LogPrefix with Calico's specifiers, LogActionRateLimit and its burst.
+    assert!(
+        rules.contains("limit rate 5/second burst 7 packets log prefix \"mgy-gnp-log-web\""),
+        "{rules}"
+    );
+    // DisableConntrackInvalidCheck.
+    assert!(!rules.contains("ct state invalid"), "{rules}");
+    // ExternalNodesCIDRList: counted as hosts.
+    let hosts = env.node_ip(&["route", "show", "10.65.0.2"]);
+    assert!(
+        rules.contains("203.0.113.0/24"),
+        "external nodes are in the hosts set\n{rules}"
+    );
+    // DeviceRouteSourceAddress: the source hint on the routes to workloads.
+    assert!(hosts.contains("src 192.0.2.1"), "{hosts}");
+    // MTUIfacePattern ^uplink: uplink0 (1500) counts, ens5 (1400) does not.
+    assert_eq!(
+        std::fs::read_to_string(env.mtu_file()).unwrap().trim(),
+        "1500"
+    );
+    // ServiceLoopPrevention Disabled: a service address is routed like any other.
+    assert!(
+        env.tcp(WEB, SERVICE, 9000, "2"),
+        "service-loop prevention is off"
+    );
+    // NATOutgoingExclusions IPPoolsAndHostIPs: the gateway is a host, so not NATed; the
+    // outside address is, to NATOutgoingAddress, with a port from NATPortRange, on the
+    // interface IptablesNATOutgoingInterfaceFilter names.
+    assert!(env.tcp(WEB, GATEWAY, 9000, "2"));
+    assert!(env.tcp(WEB, OUTSIDE, 9000, "2"));
+    assert_eq!(env.nat_of(GATEWAY).unwrap().0, "10.65.0.1");
+    let (addr, port) = env.nat_of(OUTSIDE).unwrap();
+    assert_eq!(addr, "192.0.2.7");
+    assert!((40000..=40100).contains(&port), "source port {port}");
+    // IptablesFilterDenyAction REJECT: a denied connection is refused at once.
+    env.apply("deny.yaml", DENY_DB);
+    env.until(WEB, DB, 80, false, Duration::from_secs(5));
+    let t = Instant::now();
+    assert!(!env.tcp(WEB, "10.65.0.2", 80, "5"));
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "REJECT refuses at once, took {:?}",
+        t.elapsed()
+    );
+    // InterfaceRefreshInterval 1 s: a workload interface setting changed by hand is put back.
+    env.node
+        .sysctl("net.ipv4.conf.caliweb0.route_localnet", "0")
+        .unwrap();
+    let t = Instant::now();
+    while env.sysctl("net.ipv4.conf.caliweb0.route_localnet") != "1" {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "route_localnet was not put back within 5 s; log:\n{}",
+            env.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// IPForwarding Disabled leaves the host's forwarding alone; RouteSyncDisabled leaves routes
+/// alone; an interface filter that matches nothing NATs nothing; flowtable offload is used
+/// or, on a kernel without flowtables, reported; RequireMTUFile stops a Felix that cannot
+/// write the MTU file.
+#[test]
+fn felix_leaves_what_it_is_told_to_leave() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let mut env = setup("0");
+    let boot_route = env.node_ip(&["route", "show", "10.65.0.1"]);
+    let first = env.start_felix(&[
+        ("FELIX_IPFORWARDING", "Disabled"),
+        ("FELIX_ROUTESYNCDISABLED", "true"),
+        ("FELIX_IPTABLESNATOUTGOINGINTERFACEFILTER", "nomatch+"),
+        ("FELIX_NFTABLESFLOWTABLEOFFLOAD", "All"),
+        ("FELIX_REQUIREMTUFILE", "true"),
+    ]);
+    env.wait_in_sync();
+    // Give a Felix that ignored the settings time to have made them.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(env.sysctl("net.ipv4.ip_forward"), "0");
+    assert_eq!(env.sysctl("net.ipv6.conf.all.forwarding"), "0");
+    // The interfaces are still Felix's to configure.
+    assert_eq!(env.sysctl("net.ipv4.conf.caliweb0.route_localnet"), "1");
+    // No route of Felix's; the CNI plugin's stays as it was.
+    assert_eq!(env.node_ip(&["route", "show", "proto", "80"]), "");
+    assert_eq!(env.node_ip(&["route", "show", "10.65.0.1"]), boot_route);
+    // The pod's packet leaves (its interface forwards); nothing NATs it.
+    let _ = env.tcp(WEB, OUTSIDE, 9000, "1");
+    assert_eq!(env.nat_of(OUTSIDE).unwrap().0, "10.65.0.1");
+    let rules = env.ruleset();
+    if rules.contains("flowtable ft") {
+        assert!(rules.contains("flow add @ft"), "{rules}");
+    } else {
+        let log = env.log();
+        assert!(
+            log.contains("does not support nftables flowtables"),
+            "offload asked for, the kernel has none, and Felix did not say so:\n{log}"
+        );
+        assert!(!rules.contains("flow add"), "{rules}");
+    }
+
+    // RequireMTUFile: a Felix that cannot write the MTU file stops.
+    env.procs.0[first].kill().unwrap();
+    env.procs.0[first].wait().unwrap();
+    let blocker = env.dir.0.join("not-a-dir");
+    std::fs::write(&blocker, "").unwrap();
+    let mut c = env.felix_command(&[("FELIX_REQUIREMTUFILE", "true")]);
+    c.env("MARGAY_MTU_FILE", blocker.join("mtu"));
+    let mut child = c.spawn().unwrap();
+    let t = Instant::now();
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!(
+                "Felix kept running without its MTU file; log:\n{}",
+                env.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!code.success());
+    assert!(env.log().contains("RequireMTUFile"), "{}", env.log());
 }

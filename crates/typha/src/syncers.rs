@@ -17,6 +17,8 @@ pub const FELIX_KINDS: &[Kind] = &[
     Kind::HostEndpoint,
     Kind::NetworkSet,
     Kind::GlobalNetworkSet,
+    // The service addresses of BGPConfiguration `default` (ServiceLoopPrevention).
+    Kind::BGPConfiguration,
 ];
 
 /// What confd needs (Calico's bgpsyncer): nodes, BGP configuration, peers, filters, pools and

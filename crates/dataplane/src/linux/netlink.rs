@@ -45,6 +45,8 @@ pub struct Link {
     pub name: String,
     /// Administratively up (IFF_UP).
     pub up: bool,
+    /// Operationally up (IFF_RUNNING: up, and a carrier; for a veth, its peer is up too).
+    pub running: bool,
     pub mtu: u32,
     pub mac: Vec<u8>,
     pub kind: Option<InfoKind>,
@@ -386,6 +388,7 @@ fn parse_link(l: &LinkMessage) -> Option<Link> {
         index: l.header.index,
         name: name?,
         up: l.header.flags.contains(LinkFlags::Up),
+        running: l.header.flags.contains(LinkFlags::Running),
         mtu,
         mac,
         kind,

@@ -90,6 +90,9 @@ pub struct KernelRoute {
     pub target: RouteTarget,
     /// The route's metric.
     pub priority: u32,
+    /// The source address hint (`src`, DeviceRouteSourceAddress[IPv6]) for traffic the host
+    /// itself sends along the route.
+    pub src: Option<IpAddr>,
 }
 
 /// What identifies a route in the main table: destination and metric.
@@ -139,6 +142,9 @@ impl fmt::Display for KernelRoute {
                 }
             }
             RouteTarget::Blackhole => write!(f, "blackhole {}", self.dst)?,
+        }
+        if let Some(src) = self.src {
+            write!(f, " src {src}")?;
         }
         write!(f, " proto {ROUTE_PROTOCOL} metric {}", self.priority)
     }
@@ -198,6 +204,10 @@ pub struct RouteContext<'a> {
     pub workload_priority: u32,
     /// Program remote blocks of no-encap pools (else BIRD does).
     pub program_noencap: bool,
+    /// DeviceRouteSourceAddress: the `src` of IPv4 routes through an interface.
+    pub source_v4: Option<IpAddr>,
+    /// DeviceRouteSourceAddressIPv6: the `src` of IPv6 routes through an interface.
+    pub source_v6: Option<IpAddr>,
 }
 
 impl<'a> RouteContext<'a> {
@@ -213,6 +223,17 @@ impl<'a> RouteContext<'a> {
             parent_device_v6: None,
             workload_priority: DEFAULT_WORKLOAD_ROUTE_PRIORITY,
             program_noencap: false,
+            source_v4: None,
+            source_v6: None,
+        }
+    }
+
+    /// The source hint for a route through an interface to `dst` (blackholes get none).
+    fn source_for(&self, dst: &Cidr) -> Option<IpAddr> {
+        if dst.is_ipv4() {
+            self.source_v4.filter(IpAddr::is_ipv4)
+        } else {
+            self.source_v6.filter(IpAddr::is_ipv6)
         }
     }
 }
@@ -254,13 +275,17 @@ pub fn desired_routes(
 ) -> DesiredRoutes {
     let mut out: BTreeMap<RouteKey, KernelRoute> = BTreeMap::new();
     let mut skipped = Vec::new();
-    let mut push = |r: KernelRoute, skipped: &mut Vec<(Cidr, SkipReason)>| match out.entry(r.key())
-    {
-        std::collections::btree_map::Entry::Occupied(_) => {
-            skipped.push((r.dst, SkipReason::Duplicate))
+    let mut push = |mut r: KernelRoute, skipped: &mut Vec<(Cidr, SkipReason)>| {
+        if r.target != RouteTarget::Blackhole {
+            r.src = ctx.source_for(&r.dst);
         }
-        std::collections::btree_map::Entry::Vacant(v) => {
-            v.insert(r);
+        match out.entry(r.key()) {
+            std::collections::btree_map::Entry::Occupied(_) => {
+                skipped.push((r.dst, SkipReason::Duplicate))
+            }
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(r);
+            }
         }
     };
 
@@ -277,6 +302,7 @@ pub fn desired_routes(
                         ifname: ifname.clone(),
                     },
                     priority: ctx.workload_priority,
+                    src: None,
                 },
                 &mut skipped,
             );
@@ -299,6 +325,7 @@ pub fn desired_routes(
                         dst: r.dst,
                         target: RouteTarget::Blackhole,
                         priority: 0,
+                        src: None,
                     },
                     &mut skipped,
                 );
@@ -337,6 +364,7 @@ pub fn desired_routes(
                     onlink: true,
                 },
                 priority: 0,
+                src: None,
             })
         };
         let route = match r.pool_type {
@@ -370,6 +398,7 @@ pub fn desired_routes(
                             ifname: device.to_string(),
                         },
                         priority: 0,
+                        src: None,
                     })
                 } else {
                     let gw = vtep_of(&r.dst_node_name)
@@ -383,6 +412,7 @@ pub fn desired_routes(
                                 onlink: true,
                             },
                             priority: 0,
+                            src: None,
                         }),
                         None => {
                             skipped.push((
@@ -621,6 +651,7 @@ struct Observed {
     oif: Option<u32>,
     gateway: Option<IpAddr>,
     onlink: bool,
+    src: Option<IpAddr>,
 }
 
 fn parse_route(m: &RouteMessage) -> Option<Observed> {
@@ -632,10 +663,12 @@ fn parse_route(m: &RouteMessage) -> Option<Observed> {
     let mut dst = None;
     let mut oif = None;
     let mut gateway = None;
+    let mut src = None;
     let mut priority = 0;
     for a in &m.attributes {
         match a {
             RouteAttribute::Table(t) => table = *t,
+            RouteAttribute::PrefSource(a) => src = route_ip(a),
             RouteAttribute::Destination(d) => dst = route_ip(d),
             RouteAttribute::Oif(i) => oif = Some(*i),
             RouteAttribute::Gateway(g) => gateway = route_ip(g),
@@ -662,6 +695,7 @@ fn parse_route(m: &RouteMessage) -> Option<Observed> {
         oif,
         gateway,
         onlink: h.flags.contains(RouteFlags::Onlink),
+        src,
     })
 }
 
@@ -676,6 +710,9 @@ fn route_ip(a: &RouteAddress) -> Option<IpAddr> {
 /// Whether the kernel's route is the wanted one.
 fn same(want: &KernelRoute, oif: Option<u32>, have: &Observed) -> bool {
     let v4 = want.dst.is_ipv4();
+    if want.target != RouteTarget::Blackhole && have.src != want.src {
+        return false;
+    }
     match &want.target {
         RouteTarget::Blackhole => have.kind == RouteType::BlackHole,
         RouteTarget::Interface { .. } => {
@@ -732,6 +769,10 @@ fn route_message(r: &KernelRoute, oif: Option<u32>) -> RouteMessage {
     }
     if let Some(oif) = oif {
         m.attributes.push(RouteAttribute::Oif(oif));
+    }
+    if let Some(src) = r.src {
+        m.attributes
+            .push(RouteAttribute::PrefSource(RouteAddress::from(src)));
     }
     if r.priority != 0 {
         m.attributes.push(RouteAttribute::Priority(r.priority));
@@ -1183,6 +1224,7 @@ mod tests {
                 onlink: true,
             },
             priority: 0,
+            src: None,
         }
     }
 
@@ -1191,6 +1233,7 @@ mod tests {
             dst: c(dst),
             target: RouteTarget::Interface { ifname: dev.into() },
             priority,
+            src: None,
         }
     }
 
@@ -1350,6 +1393,7 @@ mod tests {
                 dst: c("10.65.0.0/26"),
                 target: RouteTarget::Blackhole,
                 priority: 0,
+                src: None,
             },
         ];
         want.sort_by_key(KernelRoute::key);
@@ -1410,6 +1454,48 @@ mod tests {
         );
         // IPv6 metric 0 is filed by the kernel as 1024.
         assert_eq!(got.routes[1].key().priority, 1024);
+    }
+
+    #[test]
+    fn device_route_source_address_goes_on_routes_through_interfaces() {
+        let pools = vec![pool("10.65.0.0/16", EncapMode::Always, EncapMode::Never)];
+        let routes = vec![
+            route(
+                "10.65.1.0/26",
+                REMOTE_WORKLOAD,
+                PoolType::Vxlan,
+                "b",
+                "192.168.1.2",
+            ),
+            route(
+                "10.65.0.0/26",
+                LOCAL_WORKLOAD,
+                PoolType::Vxlan,
+                "a",
+                "192.168.1.1",
+            ),
+        ];
+        let endpoints = vec![
+            ("cali1".to_string(), vec![c("10.65.0.5/32")]),
+            ("cali2".to_string(), vec![c("fd00:65::5/128")]),
+        ];
+        let mut ctx = RouteContext::new("a", &pools);
+        ctx.source_v4 = Some(ip("192.168.1.1"));
+        ctx.source_v6 = Some(ip("fd00:1::1"));
+        let got = desired_routes(
+            &routes,
+            &endpoints,
+            &[vtep("b", "10.65.1.1", "192.168.1.2")],
+            &ctx,
+        );
+        let src = |dst: &str| got.routes.iter().find(|r| r.dst == c(dst)).unwrap().src;
+        assert_eq!(src("10.65.0.5/32"), Some(ip("192.168.1.1")));
+        assert_eq!(src("fd00:65::5/128"), Some(ip("fd00:1::1")));
+        assert_eq!(src("10.65.1.0/26"), Some(ip("192.168.1.1")));
+        assert_eq!(src("10.65.0.0/26"), None, "a blackhole has no source");
+        // Unset: no hint at all (the kernel chooses).
+        let plain = desired_routes(&[], &endpoints, &[], &RouteContext::new("a", &[]));
+        assert!(plain.routes.iter().all(|r| r.src.is_none()));
     }
 
     #[test]
@@ -1511,6 +1597,20 @@ mod tests {
         let o = parse_route(&m).unwrap();
         assert!(same(&dev("10.65.0.5/32", "cali1", 1024), Some(3), &o));
         assert!(!same(&dev("10.65.0.5/32", "cali1", 1024), Some(4), &o));
+        // DeviceRouteSourceAddress: the source hint goes into the message and is compared.
+        let mut with_src = dev("10.65.0.5/32", "cali1", 1024);
+        with_src.src = Some(ip("192.0.2.1"));
+        assert!(
+            !same(&with_src, Some(3), &o),
+            "a route without the hint is not the wanted one"
+        );
+        let o2 = parse_route(&route_message(&with_src, Some(3))).unwrap();
+        assert_eq!(o2.src, Some(ip("192.0.2.1")));
+        assert!(same(&with_src, Some(3), &o2));
+        assert!(
+            with_src.to_string().contains(" src 192.0.2.1 "),
+            "{with_src}"
+        );
         let d = delete_message(&o);
         assert_eq!(u8::from(d.header.protocol), 80);
     }
@@ -1528,6 +1628,7 @@ mod tests {
             oif: Some(oif),
             gateway: None,
             onlink: false,
+            src: None,
         }
     }
 

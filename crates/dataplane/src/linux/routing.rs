@@ -42,6 +42,10 @@ pub struct RoutingConfig {
     /// Program the remote blocks of no-encap pools (ProgramClusterRoutes Enabled or
     /// EnabledNoEncapOnly). Calico's default leaves them to BIRD.
     pub program_noencap_routes: bool,
+    /// DeviceRouteSourceAddress: `src` of IPv4 routes through an interface.
+    pub source_v4: Option<std::net::IpAddr>,
+    /// DeviceRouteSourceAddressIPv6: `src` of IPv6 routes through an interface.
+    pub source_v6: Option<std::net::IpAddr>,
 }
 
 impl RoutingConfig {
@@ -54,6 +58,8 @@ impl RoutingConfig {
             ipv6: false,
             workload_route_priority: DEFAULT_WORKLOAD_ROUTE_PRIORITY,
             program_noencap_routes: false,
+            source_v4: None,
+            source_v6: None,
         }
     }
 }
@@ -190,6 +196,8 @@ impl Routing {
             parent_device_v6: parent_v6.as_deref(),
             workload_priority: self.cfg.workload_route_priority,
             program_noencap: self.cfg.program_noencap_routes,
+            source_v4: self.cfg.source_v4,
+            source_v6: self.cfg.source_v6,
         };
         let desired = self.state.desired_routes(&ctx);
         report.skipped = desired.skipped;

@@ -8,4 +8,7 @@ pub mod render;
 
 pub use diff::{Fingerprint, TxStats, transaction};
 pub use observe::{NftError, NftRunner, fingerprint};
-pub use render::{EndpointChains, EndpointToHostAction, NftConfig, NftState, Renderer};
+pub use render::{
+    AllowVerdict, DenyVerdict, EndpointChains, EndpointToHostAction, NatOutgoing, NftConfig,
+    NftState, Renderer, ServiceLoop,
+};

@@ -57,6 +57,59 @@ pub enum EndpointToHostAction {
     Return,
 }
 
+/// The verdict for traffic a policy allows (FilterAllowAction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllowVerdict {
+    /// Accept at once (Calico's ACCEPT): ingress chains accept, which ends margay's base
+    /// chain for the packet.
+    Accept,
+    /// Hand the packet back (Calico's RETURN): every policy chain returns with the accept
+    /// mark and margay's base chain goes on to its end (service-loop prevention, then the
+    /// chain's policy).
+    Return,
+}
+
+/// The verdict for traffic policy denies, and for everything else margay refuses
+/// (FilterDenyAction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenyVerdict {
+    Drop,
+    /// Refuse with an ICMP/ICMPv6 "port unreachable" (a TCP client fails at once).
+    Reject,
+}
+
+impl DenyVerdict {
+    pub fn as_nft(self) -> &'static str {
+        match self {
+            DenyVerdict::Drop => "drop",
+            DenyVerdict::Reject => "reject",
+        }
+    }
+}
+
+/// Outgoing NAT for pools with `natOutgoing` (NATOutgoingExclusions, NATPortRange,
+/// NATOutgoingAddress, IptablesNATOutgoingInterfaceFilter).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NatOutgoing {
+    /// IPPoolsAndHostIPs: traffic to the cluster's hosts is not NATed either.
+    pub exclude_hosts: bool,
+    /// Only NAT traffic leaving through interfaces matching this nft pattern (`eth*`).
+    pub oif: Option<String>,
+    /// Source ports for TCP and UDP (other protocols keep the kernel's choice).
+    pub port_range: Option<(u16, u16)>,
+    /// SNAT to this address instead of masquerading to the outgoing interface's.
+    pub address: Option<std::net::Ipv4Addr>,
+}
+
+/// What to do with traffic to service CIDRs that kube-proxy did not translate
+/// (ServiceLoopPrevention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceLoop {
+    Drop,
+    Reject,
+    Disabled,
+}
+
 #[derive(Debug, Clone)]
 pub struct NftConfig {
     pub table: String,
@@ -67,9 +120,30 @@ pub struct NftConfig {
     /// Mark bit a policy sets when it passes to the next tier.
     pub mark_pass: u32,
     pub ipv6: bool,
-    /// Set when VXLAN is on: workloads may not send VXLAN, and only known hosts may.
+    /// Set when VXLAN is on: only known hosts may send VXLAN to this host.
     pub vxlan_port: Option<u16>,
+    /// VXLAN packets (to this UDP port) from workloads are refused (None:
+    /// AllowVXLANPacketsFromWorkloads).
+    pub workload_vxlan_port: Option<u16>,
+    /// IP-in-IP packets from workloads are refused (not AllowIPIPPacketsFromWorkloads).
+    pub drop_ipip_from_workloads: bool,
+    /// LogPrefix, with Calico's `%t` (tier), `%k` (kind), `%n` (name) and `%p`
+    /// (namespace/name) filled in per policy.
     pub log_prefix: String,
+    /// LogActionRateLimit (`10/second`) and LogActionRateLimitBurst.
+    pub log_rate: Option<(String, u32)>,
+    pub allow: AllowVerdict,
+    pub deny: DenyVerdict,
+    /// Refuse packets conntrack classifies as invalid (not DisableConntrackInvalidCheck).
+    pub conntrack_invalid_drop: bool,
+    pub nat: NatOutgoing,
+    /// ExternalNodesCIDRList: non-Calico nodes, treated as hosts (their VXLAN is accepted;
+    /// with IPPoolsAndHostIPs they are not NATed).
+    pub external_nodes: Vec<Cidr>,
+    pub service_loop: ServiceLoop,
+    /// NFTablesFlowTableOffload: established flows are offloaded to the flowtable
+    /// [`FLOWTABLE`] (the driver declares it and adds the interfaces).
+    pub flow_offload: bool,
 }
 
 impl Default for NftConfig {
@@ -82,9 +156,111 @@ impl Default for NftConfig {
             mark_pass: 0x20000,
             ipv6: true,
             vxlan_port: None,
+            workload_vxlan_port: Some(4789),
+            drop_ipip_from_workloads: true,
             log_prefix: "calico-packet".into(),
+            log_rate: None,
+            allow: AllowVerdict::Accept,
+            deny: DenyVerdict::Drop,
+            conntrack_invalid_drop: true,
+            nat: NatOutgoing::default(),
+            external_nodes: Vec::new(),
+            service_loop: ServiceLoop::Drop,
+            flow_offload: false,
         }
     }
+}
+
+impl NftConfig {
+    /// The deny verdict as nft writes it.
+    fn deny(&self) -> &'static str {
+        self.deny.as_nft()
+    }
+
+    /// Ingress chains accept directly (see `render_rule`) only with the ACCEPT verdict.
+    fn ingress_accepts(&self) -> bool {
+        self.allow == AllowVerdict::Accept
+    }
+}
+
+/// Whose rule a Log action belongs to, for Calico's log prefix specifiers.
+#[derive(Debug, Clone, Copy)]
+pub struct LogOwner<'a> {
+    pub tier: &'a str,
+    /// `np`, `gnp`, `knp` or `pro`.
+    pub kind: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+impl<'a> LogOwner<'a> {
+    pub fn policy(id: &'a PolicyId) -> LogOwner<'a> {
+        let kind = if id.namespace.is_empty() {
+            "gnp"
+        } else if id.name.starts_with("knp.default.") {
+            "knp"
+        } else {
+            "np"
+        };
+        LogOwner {
+            tier: &id.tier,
+            kind,
+            namespace: &id.namespace,
+            name: &id.name,
+        }
+    }
+
+    pub fn profile(id: &'a str) -> LogOwner<'a> {
+        LogOwner {
+            tier: "",
+            kind: "pro",
+            namespace: "",
+            name: id,
+        }
+    }
+}
+
+/// The kernel keeps at most 127 bytes of a log prefix.
+const MAX_LOG_PREFIX: usize = 127;
+
+/// Calico's log prefix: LogPrefix with `%t`, `%k`, `%n` and `%p` replaced (other `%`
+/// sequences stay as written), without characters nft cannot quote, cut to what the kernel
+/// keeps.
+pub fn log_prefix(format: &str, owner: &LogOwner<'_>) -> String {
+    let format = if format.is_empty() {
+        "calico-packet"
+    } else {
+        format
+    };
+    let mut out = String::with_capacity(format.len());
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '%' {
+            let spec = chars.peek().copied();
+            let value = match spec {
+                Some('t') => Some(owner.tier.to_string()),
+                Some('k') => Some(owner.kind.to_string()),
+                Some('n') => Some(owner.name.to_string()),
+                Some('p') => Some(if owner.namespace.is_empty() {
+                    owner.name.to_string()
+                } else {
+                    format!("{}/{}", owner.namespace, owner.name)
+                }),
+                _ => None,
+            };
+            if let Some(v) = value {
+                chars.next();
+                out.push_str(&v);
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    let mut out: String = out.chars().filter(|c| *c != '"' && *c != '\\').collect();
+    while out.len() > MAX_LOG_PREFIX {
+        out.pop();
+    }
+    out
 }
 
 /// One rule: its text (after `add rule inet <table> <chain> `) and a short hash of it, which
@@ -188,6 +364,23 @@ pub fn endpoint_chain(iface: &str, ingress: bool) -> String {
 pub const MAP_INGRESS: &str = "wl-ingress";
 pub const MAP_EGRESS: &str = "wl-egress";
 pub const SET_WL_IFACES: &str = "wl-ifaces";
+/// The flowtable established flows are offloaded to (NFTablesFlowTableOffload).
+pub const FLOWTABLE: &str = "ft";
+
+/// The declaration of [`FLOWTABLE`] with `devices` (none: an empty flowtable the rules can
+/// refer to; devices are added as workload interfaces appear).
+pub fn flowtable_decl(table: &str, devices: &[String]) -> String {
+    let mut s = format!("add flowtable inet {table} {FLOWTABLE} {{ hook ingress priority filter;");
+    if !devices.is_empty() {
+        let quoted: Vec<String> = devices.iter().map(|d| format!("\"{d}\"")).collect();
+        let _ = write!(s, " devices = {{ {} }};", quoted.join(", "));
+    }
+    s.push_str(" }");
+    s
+}
+
+/// Service CIDRs (BGPConfiguration `default`), per family: `svc-cidrs-4`, `svc-cidrs-6`.
+pub const SET_SERVICE_CIDRS: &str = "svc-cidrs";
 
 fn fam_prefix(family: u8) -> &'static str {
     if family == 4 { "ip" } else { "ip6" }
@@ -338,9 +531,15 @@ fn icmp_parts(r: &ResolvedRule, family: u8) -> Vec<String> {
 ///
 /// `ingress`: the rule is in an ingress (`pi-`/`pri-`) chain. Those chains run only inside
 /// `tw-<if>`, the last thing the forward hook does for a packet (the sender's egress ran
-/// before), so an Allow there sets the accept bit (the packet's mark stays as it was) and
-/// accepts at once instead of returning for the callers to test the bit.
-pub fn render_rule(r: &ResolvedRule, cfg: &NftConfig, owner: &str, ingress: bool) -> Vec<String> {
+/// before), so with the ACCEPT allow verdict an Allow there sets the accept bit (the packet's
+/// mark stays as it was) and accepts at once instead of returning for the callers to test the
+/// bit. With RETURN every Allow returns with the bit.
+pub fn render_rule(
+    r: &ResolvedRule,
+    cfg: &NftConfig,
+    owner: &LogOwner<'_>,
+    ingress: bool,
+) -> Vec<String> {
     let mut families: Vec<u8> = match r.ip_version {
         Some(4) => vec![4],
         Some(6) => vec![6],
@@ -358,14 +557,25 @@ pub fn render_rule(r: &ResolvedRule, cfg: &NftConfig, owner: &str, ingress: bool
         RuleAction::Allow => format!(
             "meta mark set meta mark | {:#x} {}",
             cfg.mark_accept,
-            if ingress { "accept" } else { "return" }
+            if ingress && cfg.ingress_accepts() {
+                "accept"
+            } else {
+                "return"
+            }
         ),
-        RuleAction::Deny => "drop".to_string(),
+        RuleAction::Deny => cfg.deny().to_string(),
         RuleAction::Pass => format!("meta mark set meta mark | {:#x} return", cfg.mark_pass),
-        RuleAction::Log => format!(
-            "log prefix \"{}: {owner}: \" level info",
-            cfg.log_prefix.replace('"', "")
-        ),
+        RuleAction::Log => {
+            let limit = match &cfg.log_rate {
+                Some((rate, 0)) => format!("limit rate {rate} "),
+                Some((rate, burst)) => format!("limit rate {rate} burst {burst} packets "),
+                None => String::new(),
+            };
+            format!(
+                "{limit}log prefix \"{}\" level info",
+                log_prefix(&cfg.log_prefix, owner)
+            )
+        }
     };
     let mut out = Vec::new();
     for family in families {
@@ -416,7 +626,12 @@ pub fn render_rule(r: &ResolvedRule, cfg: &NftConfig, owner: &str, ingress: bool
     out
 }
 
-fn rules_chain(rules: &[ResolvedRule], cfg: &NftConfig, owner: &str, ingress: bool) -> ChainSpec {
+fn rules_chain(
+    rules: &[ResolvedRule],
+    cfg: &NftConfig,
+    owner: &LogOwner<'_>,
+    ingress: bool,
+) -> ChainSpec {
     ChainSpec {
         base: None,
         rules: rules
@@ -502,8 +717,8 @@ struct PolicyCall {
 impl PolicyCall {
     fn new(rules: &[ResolvedRule], cfg: &NftConfig, ingress: bool) -> PolicyCall {
         let returns_marks = rules.iter().fold(0, |bits, r| match r.action {
-            // Ingress chains accept directly (see `render_rule`).
-            RuleAction::Allow if !ingress => bits | cfg.mark_accept,
+            // Ingress chains accept directly (see `render_rule`), with the ACCEPT verdict.
+            RuleAction::Allow if !ingress || !cfg.ingress_accepts() => bits | cfg.mark_accept,
             RuleAction::Pass => bits | cfg.mark_pass,
             _ => bits,
         });
@@ -620,7 +835,7 @@ impl Renderer {
             let (ci, co) = match cached {
                 Some((_, (i, _), (o, _))) => (i.clone(), o.clone()),
                 None => {
-                    let owner = id.to_string();
+                    let owner = LogOwner::policy(id);
                     let i = rules_chain(&pol.inbound, cfg, &owner, true);
                     let o = rules_chain(&pol.outbound, cfg, &owner, false);
                     let calls = (
@@ -648,8 +863,9 @@ impl Renderer {
             let (ci, co) = match cached {
                 Some((_, i, o)) => (i.clone(), o.clone()),
                 None => {
-                    let i = rules_chain(&prof.inbound, cfg, id, true);
-                    let o = rules_chain(&prof.outbound, cfg, id, false);
+                    let owner = LogOwner::profile(id);
+                    let i = rules_chain(&prof.inbound, cfg, &owner, true);
+                    let o = rules_chain(&prof.outbound, cfg, &owner, false);
                     self.profiles
                         .insert(id.clone(), (prof.clone(), i.clone(), o.clone()));
                     (i, o)
@@ -735,6 +951,18 @@ impl Renderer {
                 .values()
                 .filter_map(|(v4, v6)| if family == 4 { *v4 } else { *v6 })
                 .map(|c| Cidr::host(c.addr()))
+                .chain(
+                    cfg.external_nodes
+                        .iter()
+                        .filter(|c| c.version() == family)
+                        .copied(),
+                )
+                .collect();
+            let services: Vec<Cidr> = model
+                .service_cidrs
+                .all()
+                .filter(|c| c.version() == family)
+                .copied()
                 .collect();
             let addr_type = if family == 4 {
                 "ipv4_addr"
@@ -745,6 +973,7 @@ impl Renderer {
                 (format!("all-pools-{family}"), pools),
                 (format!("masq-pools-{family}"), masq),
                 (format!("all-hosts-{family}"), hosts),
+                (format!("{SET_SERVICE_CIDRS}-{family}"), services),
             ] {
                 st.sets.insert(
                     name,
@@ -757,7 +986,12 @@ impl Renderer {
         }
         let _ = EncapMode::Never;
 
-        base_chains(&mut st, cfg, !model.pools.values().all(|p| !p.masquerade));
+        base_chains(
+            &mut st,
+            cfg,
+            !model.pools.values().all(|p| !p.masquerade),
+            !model.service_cidrs.is_empty(),
+        );
         (st, summaries)
     }
 }
@@ -801,7 +1035,8 @@ fn tier_chain(
     rules.push(match tier.default_action {
         RuleAction::Pass => format!("meta mark set meta mark | {:#x} return", cfg.mark_pass),
         _ => format!(
-            "drop comment \"end of tier {}\"",
+            "{} comment \"end of tier {}\"",
+            cfg.deny(),
             tier.name.replace('"', "")
         ),
     });
@@ -822,14 +1057,24 @@ fn endpoint_chains(
     let both = cfg.mark_accept | cfg.mark_pass;
     let mut out = Vec::new();
     let mut rules: Vec<String> = Vec::new();
+    let deny = cfg.deny();
     if !ingress {
-        if let Some(port) = cfg.vxlan_port {
-            rules.push(format!("udp dport {port} drop"));
+        // Encapsulated packets from a workload could carry traffic past its egress policy
+        // (unless AllowVXLANPacketsFromWorkloads / AllowIPIPPacketsFromWorkloads).
+        if let Some(port) = cfg.workload_vxlan_port {
+            rules.push(format!(
+                "udp dport {port} {deny} comment \"VXLAN from a workload\""
+            ));
+        }
+        if cfg.drop_ipip_from_workloads {
+            rules.push(format!(
+                "meta l4proto 4 {deny} comment \"IP-in-IP from a workload\""
+            ));
         }
         // Anti-spoofing: a workload sends only from its own addresses (or those it may spoof).
         for family in [4u8, 6] {
             if family == 6 && !cfg.ipv6 {
-                rules.push("meta nfproto ipv6 drop".into());
+                rules.push(format!("meta nfproto ipv6 {deny}"));
                 continue;
             }
             let own: Vec<Cidr> = if family == 4 {
@@ -846,11 +1091,11 @@ fn endpoint_chains(
             let fam = fam_prefix(family);
             if allowed.is_empty() {
                 rules.push(format!(
-                    "meta nfproto {} drop",
+                    "meta nfproto {} {deny}",
                     if family == 4 { "ipv4" } else { "ipv6" }
                 ));
             } else {
-                rules.push(format!("{fam} saddr != {} drop", nets_list(&allowed)));
+                rules.push(format!("{fam} saddr != {} {deny}", nets_list(&allowed)));
             }
         }
     }
@@ -870,19 +1115,21 @@ fn endpoint_chains(
             tier_chain(tier, policies, ingress, cfg, rendered),
         ));
         rules.push(format!("jump {name}"));
-        // An ingress tier or profile returns only without the accept bit (an Allow there
-        // accepts at once), so only egress needs the test.
-        if !ingress {
+        // With the ACCEPT verdict an ingress tier or profile returns only without the accept
+        // bit (an Allow there accepts at once), so only egress needs the test.
+        if !ingress || !cfg.ingress_accepts() {
             rules.push(format!("meta mark and {:#x} != 0 return", cfg.mark_accept));
         }
     }
     for p in &ep.profile_ids {
         rules.push(format!("jump {}", profile_chain(p, ingress)));
-        if !ingress {
+        if !ingress || !cfg.ingress_accepts() {
             rules.push(format!("meta mark and {:#x} != 0 return", cfg.mark_accept));
         }
     }
-    rules.push("drop comment \"no policy or profile allowed the packet\"".into());
+    rules.push(format!(
+        "{deny} comment \"no policy or profile allowed the packet\""
+    ));
     out.push((
         main,
         ChainSpec {
@@ -893,23 +1140,79 @@ fn endpoint_chains(
     out
 }
 
-fn base_chains(st: &mut NftState, cfg: &NftConfig, masquerade: bool) {
+/// The postrouting rules that NAT traffic from `natOutgoing` pools leaving the pools (and,
+/// with IPPoolsAndHostIPs, not going to a host), as Calico's NAT-outgoing chain: with a port
+/// range, TCP and UDP get the range and everything else the plain translation.
+pub fn nat_outgoing_rules(nat: &NatOutgoing, family: u8) -> Vec<String> {
+    let fam = fam_prefix(family);
+    let mut m = format!("{fam} saddr @masq-pools-{family} {fam} daddr != @all-pools-{family}");
+    if nat.exclude_hosts {
+        let _ = write!(m, " {fam} daddr != @all-hosts-{family}");
+    }
+    if let Some(oif) = &nat.oif {
+        let _ = write!(m, " oifname \"{}\"", oif.replace('"', ""));
+    }
+    let ports = nat.port_range.map(|(lo, hi)| format!(":{lo}-{hi}"));
+    // NATOutgoingAddress is an IPv4 address: IPv6 masquerades.
+    let address = nat.address.filter(|_| family == 4);
+    let action = |ports: Option<&str>| match address {
+        Some(a) => format!("snat ip to {a}{} fully-random", ports.unwrap_or("")),
+        None => match ports {
+            Some(p) => format!("masquerade to {p} fully-random"),
+            None => "masquerade fully-random".to_string(),
+        },
+    };
+    let mut out = Vec::new();
+    if let Some(p) = &ports {
+        for proto in ["tcp", "udp"] {
+            out.push(format!("{m} meta l4proto {proto} {}", action(Some(p))));
+        }
+    }
+    out.push(format!("{m} {}", action(None)));
+    out
+}
+
+fn base_chains(st: &mut NftState, cfg: &NftConfig, masquerade: bool, service_cidrs: bool) {
+    let deny = cfg.deny();
     let wl_match = |dir: &str| -> Vec<String> {
         cfg.workload_prefixes
             .iter()
             .map(|p| format!("{dir} \"{p}*\""))
             .collect()
     };
-    // Established flows first: it is the one rule most packets evaluate.
-    let mut forward = vec![
-        "ct state established,related accept".to_string(),
-        "ct state invalid drop".to_string(),
-    ];
+    // Established flows first: it is the one rule most packets evaluate. With offload on,
+    // they go to the flowtable first (a flow only gets there once policy accepted it).
+    let mut forward = Vec::new();
+    if cfg.flow_offload {
+        forward.push(format!(
+            "ct state established,related flow add @{FLOWTABLE} comment \"offload established flows\""
+        ));
+    }
+    forward.push("ct state established,related accept".to_string());
+    if cfg.conntrack_invalid_drop {
+        forward.push(format!("ct state invalid {deny}"));
+    }
     for m in wl_match("iifname") {
         forward.push(format!("{m} jump from-wl"));
     }
     for m in wl_match("oifname") {
         forward.push(format!("{m} jump to-wl"));
+    }
+    // Service-loop prevention comes last: traffic to a service address that kube-proxy did
+    // not translate would otherwise bounce between this host and its default route.
+    if service_cidrs && cfg.service_loop != ServiceLoop::Disabled {
+        let verdict = match cfg.service_loop {
+            ServiceLoop::Reject => "reject",
+            _ => "drop",
+        };
+        forward.push(format!(
+            "ip daddr @{SET_SERVICE_CIDRS}-4 {verdict} comment \"service address not translated\""
+        ));
+        if cfg.ipv6 {
+            forward.push(format!(
+                "ip6 daddr @{SET_SERVICE_CIDRS}-6 {verdict} comment \"service address not translated\""
+            ));
+        }
     }
     st.chains.insert(
         "forward".into(),
@@ -925,14 +1228,14 @@ fn base_chains(st: &mut NftState, cfg: &NftConfig, masquerade: bool) {
     st.chains.insert(
         "from-wl".into(),
         chain(vec![
-            format!("iifname != @{SET_WL_IFACES} drop comment \"unknown workload interface\""),
+            format!("iifname != @{SET_WL_IFACES} {deny} comment \"unknown workload interface\""),
             format!("iifname vmap @{MAP_EGRESS}"),
         ]),
     );
     st.chains.insert(
         "to-wl".into(),
         chain(vec![
-            format!("oifname != @{SET_WL_IFACES} drop comment \"unknown workload interface\""),
+            format!("oifname != @{SET_WL_IFACES} {deny} comment \"unknown workload interface\""),
             format!("oifname vmap @{MAP_INGRESS}"),
         ]),
     );
@@ -945,7 +1248,7 @@ fn base_chains(st: &mut NftState, cfg: &NftConfig, masquerade: bool) {
         );
     }
     to_host.push(format!(
-        "iifname != @{SET_WL_IFACES} drop comment \"unknown workload interface\""
+        "iifname != @{SET_WL_IFACES} {deny} comment \"unknown workload interface\""
     ));
     to_host.push(format!("iifname vmap @{MAP_EGRESS}"));
     to_host.push(
@@ -959,18 +1262,26 @@ fn base_chains(st: &mut NftState, cfg: &NftConfig, masquerade: bool) {
     st.chains.insert("wl-to-host".into(), chain(to_host));
     let mut input = Vec::new();
     for m in wl_match("iifname") {
-        input.push(format!("{m} ct state invalid drop"));
+        if cfg.conntrack_invalid_drop {
+            input.push(format!("{m} ct state invalid {deny}"));
+        }
         input.push(format!("{m} ct state established,related accept"));
         input.push(format!("{m} jump wl-to-host"));
     }
     if let Some(port) = cfg.vxlan_port {
-        input.push(format!("udp dport {port} ip saddr @all-hosts-4 accept"));
-        if cfg.ipv6 {
-            input.push(format!("udp dport {port} ip6 saddr @all-hosts-6 accept"));
-        }
+        // VXLAN only from the cluster's hosts (and ExternalNodesCIDRList).
         input.push(format!(
-            "udp dport {port} drop comment \"VXLAN from an unknown host\""
+            "udp dport {port} ip saddr != @all-hosts-4 {deny} comment \"VXLAN from an unknown host\""
         ));
+        if cfg.ipv6 {
+            input.push(format!(
+                "udp dport {port} ip6 saddr != @all-hosts-6 {deny} comment \"VXLAN from an unknown host\""
+            ));
+        } else {
+            input.push(format!(
+                "meta nfproto ipv6 udp dport {port} {deny} comment \"VXLAN from an unknown host\""
+            ));
+        }
     }
     st.chains.insert(
         "input".into(),
@@ -981,14 +1292,9 @@ fn base_chains(st: &mut NftState, cfg: &NftConfig, masquerade: bool) {
     );
     let mut post = Vec::new();
     if masquerade {
-        post.push(
-            "ip saddr @masq-pools-4 ip daddr != @all-pools-4 masquerade fully-random".to_string(),
-        );
+        post.extend(nat_outgoing_rules(&cfg.nat, 4));
         if cfg.ipv6 {
-            post.push(
-                "ip6 saddr @masq-pools-6 ip6 daddr != @all-pools-6 masquerade fully-random"
-                    .to_string(),
-            );
+            post.extend(nat_outgoing_rules(&cfg.nat, 6));
         }
     }
     st.chains.insert(
@@ -1180,11 +1486,11 @@ mod tests {
             let entry = (
                 Arc::new(pol.clone()),
                 (
-                    rules_chain(&pol.inbound, cfg, name, true),
+                    rules_chain(&pol.inbound, cfg, &LogOwner::profile(name), true),
                     PolicyCall::new(&pol.inbound, cfg, true),
                 ),
                 (
-                    rules_chain(&pol.outbound, cfg, name, false),
+                    rules_chain(&pol.outbound, cfg, &LogOwner::profile(name), false),
                     PolicyCall::new(&pol.outbound, cfg, false),
                 ),
             );
@@ -1292,8 +1598,8 @@ mod tests {
     fn allow_accepts_in_ingress_and_returns_in_egress() {
         let cfg = NftConfig::default();
         let r = allow(Some(6), &[(80, 80)]);
-        let ingress = render_rule(&r, &cfg, "p", true);
-        let egress = render_rule(&r, &cfg, "p", false);
+        let ingress = render_rule(&r, &cfg, &LogOwner::profile("p"), true);
+        let egress = render_rule(&r, &cfg, &LogOwner::profile("p"), false);
         assert!(
             ingress
                 .iter()
@@ -1309,9 +1615,394 @@ mod tests {
         // Pass returns in both directions: the tier chain must skip the rest of the tier.
         let p = rule(RuleAction::Pass, Some(6), &[]);
         assert!(
-            render_rule(&p, &cfg, "p", true)
+            render_rule(&p, &cfg, &LogOwner::profile("p"), true)
                 .iter()
                 .all(|t| t.ends_with("| 0x20000 return"))
+        );
+    }
+
+    fn workload(ifname: &str, tiers: Vec<TierInfo>) -> WorkloadEndpointData {
+        WorkloadEndpointData {
+            interface: ifname.into(),
+            mac: String::new(),
+            ipv4_nets: vec![Cidr::parse("10.65.0.5/32").unwrap()],
+            ipv6_nets: Vec::new(),
+            profile_ids: vec!["prof".into()],
+            tiers,
+            name: "w".into(),
+            namespace: "ns".into(),
+            allow_spoofed_source_prefixes: Vec::new(),
+        }
+    }
+
+    fn ep_rules(
+        cfg: &NftConfig,
+        ingress: bool,
+        rendered: &HashMap<PolicyId, RenderedPolicy>,
+        tiers: Vec<TierInfo>,
+    ) -> Vec<String> {
+        let id = WorkloadEndpointId {
+            orchestrator: "k8s".into(),
+            workload: "ns/w".into(),
+            endpoint: "eth0".into(),
+        };
+        let chains = endpoint_chains(&id, &workload("cali1", tiers), ingress, cfg, rendered);
+        chains.iter().flat_map(|(_, c)| texts(c)).collect()
+    }
+
+    fn base(cfg: &NftConfig, model: &DataplaneModel) -> NftState {
+        Renderer::new().render(model, cfg).0
+    }
+
+    #[test]
+    fn the_deny_verdict_is_used_wherever_margay_refuses() {
+        let cfg = NftConfig {
+            deny: DenyVerdict::Reject,
+            ..NftConfig::default()
+        };
+        let (ids, map) = rendered(&cfg, &[("d", vec![rule(RuleAction::Deny, None, &[])])]);
+        let tier = TierInfo {
+            name: "default".into(),
+            default_action: RuleAction::Deny,
+            ingress_policies: ids.clone(),
+            egress_policies: ids.clone(),
+        };
+        let tier_rules = texts(&tier_chain(&tier, &ids, true, &cfg, &map));
+        assert!(
+            tier_rules
+                .iter()
+                .any(|r| r == "reject comment \"end of tier default\""),
+            "{tier_rules:?}"
+        );
+        let policy = texts(&map[&ids[0]].1.0);
+        assert!(policy.iter().all(|r| r.ends_with(" reject")), "{policy:?}");
+        let egress = ep_rules(&cfg, false, &map, vec![tier.clone()]);
+        assert!(
+            egress.contains(
+                &"reject comment \"no policy or profile allowed the packet\"".to_string()
+            ),
+            "{egress:?}"
+        );
+        assert!(
+            egress
+                .iter()
+                .any(|r| r.starts_with("ip saddr != { 10.65.0.5 } reject")),
+            "{egress:?}"
+        );
+        let st = base(&cfg, &DataplaneModel::default());
+        let chain = |n: &str| texts(&st.chains[n]);
+        assert!(chain("forward").contains(&"ct state invalid reject".to_string()));
+        assert!(chain("from-wl")[0].starts_with("iifname != @wl-ifaces reject"));
+        // Nothing drops with REJECT configured.
+        let dropping: Vec<String> = st
+            .chains
+            .iter()
+            .filter(|(n, _)| *n != "wl-to-host")
+            .flat_map(|(_, c)| texts(c))
+            .filter(|r| r.contains("drop"))
+            .collect();
+        assert!(dropping.is_empty(), "{dropping:?}");
+        // DROP (the default) drops.
+        let st = base(&NftConfig::default(), &DataplaneModel::default());
+        assert!(texts(&st.chains["forward"]).contains(&"ct state invalid drop".to_string()));
+    }
+
+    #[test]
+    fn the_return_allow_verdict_returns_from_ingress_too() {
+        let cfg = NftConfig {
+            allow: AllowVerdict::Return,
+            ..NftConfig::default()
+        };
+        let r = allow(Some(6), &[(80, 80)]);
+        let ingress = render_rule(&r, &cfg, &LogOwner::profile("p"), true);
+        assert!(
+            ingress
+                .iter()
+                .all(|t| t.ends_with("meta mark set meta mark | 0x10000 return")),
+            "{ingress:?}"
+        );
+        let (ids, map) = rendered(&cfg, &[("web", vec![allow(Some(6), &[(80, 80)])])]);
+        let tier = TierInfo {
+            name: "default".into(),
+            default_action: RuleAction::Deny,
+            ingress_policies: ids.clone(),
+            egress_policies: ids.clone(),
+        };
+        // The tier and endpoint chains test the accept bit after ingress jumps as well.
+        let t = texts(&tier_chain(&tier, &ids, true, &cfg, &map));
+        assert!(
+            t.contains(&"meta mark and 0x10000 != 0 return".to_string()),
+            "{t:?}"
+        );
+        let e = ep_rules(&cfg, true, &map, vec![tier]);
+        assert_eq!(
+            e.iter()
+                .filter(|r| *r == "meta mark and 0x10000 != 0 return")
+                .count(),
+            3,
+            "{e:?}"
+        );
+        // ACCEPT: ingress accepts directly and nothing is tested after it.
+        let acc = NftConfig::default();
+        let (ids, map) = rendered(&acc, &[("web", vec![allow(Some(6), &[(80, 80)])])]);
+        let tier = TierInfo {
+            name: "default".into(),
+            default_action: RuleAction::Deny,
+            ingress_policies: ids.clone(),
+            egress_policies: ids.clone(),
+        };
+        let e = ep_rules(&acc, true, &map, vec![tier]);
+        assert!(
+            !e.iter().any(|r| r.contains("0x10000 != 0 return")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn log_prefix_specifiers_and_rate_limit_are_calicos() {
+        let id = PolicyId {
+            tier: "security".into(),
+            namespace: "prod".into(),
+            name: "web".into(),
+        };
+        let owner = LogOwner::policy(&id);
+        assert_eq!(
+            log_prefix("drop %t/%k/%n %p %x", &owner),
+            "drop security/np/web prod/web %x"
+        );
+        assert_eq!(log_prefix("", &owner), "calico-packet");
+        let g = PolicyId {
+            tier: "default".into(),
+            namespace: String::new(),
+            name: "g".into(),
+        };
+        assert_eq!(log_prefix("%k %p", &LogOwner::policy(&g)), "gnp g");
+        let k = PolicyId {
+            tier: "default".into(),
+            namespace: "ns".into(),
+            name: "knp.default.x".into(),
+        };
+        assert_eq!(log_prefix("%k", &LogOwner::policy(&k)), "knp");
+        assert_eq!(
+            log_prefix("%k:%n", &LogOwner::profile("kns.a")),
+            "pro:kns.a"
+        );
+        assert_eq!(log_prefix(&"x".repeat(300), &owner).len(), 127);
+        assert_eq!(log_prefix("a\"b", &owner), "ab");
+        let cfg = NftConfig {
+            log_prefix: "p-%n".into(),
+            log_rate: Some(("10/second".into(), 3)),
+            ..NftConfig::default()
+        };
+        let log = render_rule(&rule(RuleAction::Log, None, &[]), &cfg, &owner, false);
+        assert_eq!(
+            log[0],
+            "meta nfproto ipv4 limit rate 10/second burst 3 packets log prefix \"p-web\" level info"
+        );
+        let cfg = NftConfig {
+            log_rate: Some(("1/minute".into(), 0)),
+            ..cfg
+        };
+        let log = render_rule(&rule(RuleAction::Log, None, &[]), &cfg, &owner, false);
+        assert!(
+            log[0].contains(" limit rate 1/minute log prefix"),
+            "{log:?}"
+        );
+    }
+
+    #[test]
+    fn encapsulated_packets_from_workloads_are_refused_unless_allowed() {
+        let cfg = NftConfig::default();
+        let e = ep_rules(&cfg, false, &HashMap::new(), Vec::new());
+        assert!(
+            e.contains(&"udp dport 4789 drop comment \"VXLAN from a workload\"".to_string()),
+            "{e:?}"
+        );
+        assert!(
+            e.contains(&"meta l4proto 4 drop comment \"IP-in-IP from a workload\"".to_string()),
+            "{e:?}"
+        );
+        let allowed = NftConfig {
+            workload_vxlan_port: None,
+            drop_ipip_from_workloads: false,
+            ..NftConfig::default()
+        };
+        let e = ep_rules(&allowed, false, &HashMap::new(), Vec::new());
+        assert!(!e.iter().any(|r| r.contains("from a workload")), "{e:?}");
+    }
+
+    #[test]
+    fn the_conntrack_invalid_check_can_be_disabled() {
+        let cfg = NftConfig {
+            conntrack_invalid_drop: false,
+            ..NftConfig::default()
+        };
+        let st = base(&cfg, &DataplaneModel::default());
+        let all: Vec<String> = st.chains.values().flat_map(texts).collect();
+        assert!(
+            !all.iter().any(|r| r.contains("ct state invalid")),
+            "{all:?}"
+        );
+    }
+
+    fn masq_model() -> DataplaneModel {
+        let mut m = DataplaneModel::default();
+        m.pools.insert(
+            "p".into(),
+            margay_calc::PoolData {
+                cidr: Cidr::parse("10.65.0.0/16").unwrap(),
+                masquerade: true,
+                ipip: EncapMode::Never,
+                vxlan: EncapMode::Never,
+                disabled: false,
+            },
+        );
+        m
+    }
+
+    #[test]
+    fn nat_outgoing_follows_exclusions_interface_ports_and_address() {
+        let plain = nat_outgoing_rules(&NatOutgoing::default(), 4);
+        assert_eq!(
+            plain,
+            vec![
+                "ip saddr @masq-pools-4 ip daddr != @all-pools-4 masquerade fully-random"
+                    .to_string()
+            ]
+        );
+        let nat = NatOutgoing {
+            exclude_hosts: true,
+            oif: Some("eth*".into()),
+            port_range: Some((40000, 41000)),
+            address: None,
+        };
+        let m = "ip saddr @masq-pools-4 ip daddr != @all-pools-4 ip daddr != @all-hosts-4 oifname \"eth*\"";
+        assert_eq!(
+            nat_outgoing_rules(&nat, 4),
+            vec![
+                format!("{m} meta l4proto tcp masquerade to :40000-41000 fully-random"),
+                format!("{m} meta l4proto udp masquerade to :40000-41000 fully-random"),
+                format!("{m} masquerade fully-random"),
+            ]
+        );
+        let snat = NatOutgoing {
+            address: Some("192.0.2.9".parse().unwrap()),
+            port_range: Some((40000, 41000)),
+            ..NatOutgoing::default()
+        };
+        let r = nat_outgoing_rules(&snat, 4);
+        assert!(
+            r[0].ends_with("meta l4proto tcp snat ip to 192.0.2.9:40000-41000 fully-random"),
+            "{r:?}"
+        );
+        assert!(
+            r[2].ends_with("ip daddr != @all-pools-4 snat ip to 192.0.2.9 fully-random"),
+            "{r:?}"
+        );
+        // NATOutgoingAddress is IPv4: IPv6 still masquerades.
+        assert!(nat_outgoing_rules(&snat, 6)[2].ends_with("masquerade fully-random"));
+        let st = base(
+            &NftConfig {
+                nat,
+                ipv6: false,
+                ..NftConfig::default()
+            },
+            &masq_model(),
+        );
+        assert_eq!(texts(&st.chains["postrouting"]).len(), 3);
+    }
+
+    #[test]
+    fn service_cidrs_and_external_nodes_fill_their_sets() {
+        let model = DataplaneModel {
+            service_cidrs: margay_calc::ServiceCidrs {
+                cluster: vec![Cidr::parse("10.96.0.0/12").unwrap()],
+                external: vec![Cidr::parse("fd00:96::/108").unwrap()],
+                load_balancer: vec![Cidr::parse("198.51.100.0/24").unwrap()],
+            },
+            ..DataplaneModel::default()
+        };
+        let cfg = NftConfig {
+            external_nodes: vec![Cidr::parse("203.0.113.0/24").unwrap()],
+            vxlan_port: Some(4789),
+            ..NftConfig::default()
+        };
+        let st = base(&cfg, &model);
+        let elems = |n: &str| st.sets[n].elements.iter().cloned().collect::<Vec<_>>();
+        assert_eq!(
+            elems("svc-cidrs-4"),
+            vec!["10.96.0.0/12".to_string(), "198.51.100.0/24".to_string()]
+        );
+        assert_eq!(elems("svc-cidrs-6"), vec!["fd00:96::/108".to_string()]);
+        assert_eq!(elems("all-hosts-4"), vec!["203.0.113.0/24".to_string()]);
+        let fwd = texts(&st.chains["forward"]);
+        assert_eq!(
+            fwd.last().unwrap(),
+            "ip6 daddr @svc-cidrs-6 drop comment \"service address not translated\""
+        );
+        let input = texts(&st.chains["input"]);
+        assert!(input.contains(&"udp dport 4789 ip saddr != @all-hosts-4 drop comment \"VXLAN from an unknown host\"".to_string()), "{input:?}");
+        let rej = base(
+            &NftConfig {
+                service_loop: ServiceLoop::Reject,
+                ..cfg.clone()
+            },
+            &model,
+        );
+        assert!(
+            texts(&rej.chains["forward"])
+                .iter()
+                .any(|r| r.starts_with("ip daddr @svc-cidrs-4 reject"))
+        );
+        let off = base(
+            &NftConfig {
+                service_loop: ServiceLoop::Disabled,
+                ..cfg.clone()
+            },
+            &model,
+        );
+        assert!(
+            !texts(&off.chains["forward"])
+                .iter()
+                .any(|r| r.contains("svc-cidrs"))
+        );
+        // No service CIDRs: no rule.
+        let none = base(&cfg, &DataplaneModel::default());
+        assert!(
+            !texts(&none.chains["forward"])
+                .iter()
+                .any(|r| r.contains("svc-cidrs"))
+        );
+    }
+
+    #[test]
+    fn flow_offload_adds_the_flowtable_rule_first() {
+        let on = base(
+            &NftConfig {
+                flow_offload: true,
+                ..NftConfig::default()
+            },
+            &DataplaneModel::default(),
+        );
+        let fwd = texts(&on.chains["forward"]);
+        assert_eq!(
+            fwd[0],
+            "ct state established,related flow add @ft comment \"offload established flows\""
+        );
+        assert_eq!(fwd[1], "ct state established,related accept");
+        let off = base(&NftConfig::default(), &DataplaneModel::default());
+        assert!(
+            !texts(&off.chains["forward"])
+                .iter()
+                .any(|r| r.contains("flow add"))
+        );
+        assert_eq!(
+            flowtable_decl("margay", &[]),
+            "add flowtable inet margay ft { hook ingress priority filter; }"
+        );
+        assert_eq!(
+            flowtable_decl("margay", &["cali1".into(), "eth0".into()]),
+            "add flowtable inet margay ft { hook ingress priority filter; devices = { \"cali1\", \"eth0\" }; }"
         );
     }
 }
