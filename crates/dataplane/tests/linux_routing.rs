@@ -585,12 +585,28 @@ fn pods_on_two_nodes_reach_each_other_over_vxlan() {
         ns.ip(&["link", "set", "podeth", "netns", pod.name()])
             .unwrap();
         ns.set_up(iface).unwrap();
-        sh(&ns, "sysctl", &["-qw", "net.ipv4.ip_forward=1"]);
-        sh(
-            &ns,
-            "sysctl",
-            &["-qw", &format!("net.ipv4.conf.{iface}.proxy_arp=1")],
+        // The host settings Felix makes (forwarding; the workload interface's sysctls, which
+        // include the CNI plugin's proxy ARP), made by margay's own code inside the node.
+        let (iface_owned, sysctls) = (
+            iface.to_string(),
+            margay_dataplane::linux::sysctl::global_sysctls(true, false),
         );
+        let failed = in_ns(&ns, move || {
+            let sys = margay_dataplane::linux::sysctl::ProcSys::default();
+            let mut want = sysctls;
+            want.extend(margay_dataplane::linux::sysctl::workload_sysctls(
+                &iface_owned,
+                false,
+                "0",
+            ));
+            sys.apply(&want)
+                .failed
+                .into_iter()
+                .filter(|(s, _)| !s.best_effort)
+                .map(|(s, e)| format!("{}: {e}", s.dotted()))
+                .collect::<Vec<_>>()
+        });
+        assert!(failed.is_empty(), "{failed:?}");
         pod.ip(&["link", "set", "podeth", "name", "eth0"]).unwrap();
         pod.add_addr("eth0", &format!("{pod_ip}/32")).unwrap();
         pod.set_up("eth0").unwrap();

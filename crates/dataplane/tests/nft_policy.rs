@@ -24,6 +24,25 @@ struct Pod {
     ip: &'static str,
 }
 
+/// Runs `f` on a thread that joined `ns` (and checked that it did): /proc/sys/net and netlink
+/// opened there belong to the test's namespace, never the machine's.
+fn in_ns<R: Send>(ns: &Netns, f: impl FnOnce() -> R + Send) -> R {
+    use std::os::unix::fs::MetadataExt;
+    let path = format!("/run/netns/{}", ns.name());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = std::fs::File::open(&path).unwrap();
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let want = std::fs::metadata(&path).unwrap().ino();
+            let have = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+            assert_eq!(want, have, "setns into {path} did not take effect");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
 /// Background listeners, killed on drop.
 struct Listeners(Vec<Child>);
 
@@ -116,7 +135,14 @@ impl Cluster {
 
     fn with(nft: NftConfig, flowtable: Option<Vec<String>>) -> Cluster {
         let node = Netns::new("nft-node").unwrap();
-        node.sysctl("net.ipv4.ip_forward", "1").unwrap();
+        // Forwarding, as Felix turns it on (this test drives the nftables driver alone).
+        in_ns(&node, || {
+            let sys = margay_dataplane::linux::sysctl::ProcSys::default();
+            let r = sys.apply(&margay_dataplane::linux::sysctl::global_sysctls(
+                true, false,
+            ));
+            assert!(r.failed.is_empty(), "{:?}", r.failed);
+        });
         // A default route, as every real node has: proxy ARP answers for 169.254.1.1 only
         // when the host can route it.
         node.add_veth("uplink0", "uplink1", &["192.0.2.1/24"])
