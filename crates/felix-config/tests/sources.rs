@@ -405,6 +405,54 @@ fn unsupported_parameters_warn_only_when_not_at_their_default() {
 }
 
 #[test]
+fn parameters_of_the_other_rule_mode_warn_when_set_and_the_report_marks_them() {
+    // NFTablesMode Auto: the nftables verdict is not used (Calico would use the iptables one).
+    let l = common::load_one("NftablesFilterDenyAction", "REJECT").unwrap();
+    let w = l
+        .warnings
+        .iter()
+        .find(|w| matches!(w, ConfigWarning::NotUsed { .. }))
+        .unwrap();
+    assert_eq!(
+        w.to_string(),
+        "NftablesFilterDenyAction=\"REJECT\" (from environment variable) has no effect: \
+         NFTablesMode is Auto, so (as in Calico) IptablesFilterDenyAction is used instead"
+    );
+    let table = l.render_table(false);
+    assert!(table.contains("*NftablesFilterDenyAction"), "{table}");
+    assert!(table.contains(" IptablesFilterDenyAction"), "{table}");
+    // In nftables mode the roles swap.
+    let l = load(&with_env(&[
+        ("FELIX_NFTABLESMODE", "Enabled"),
+        ("FELIX_IPTABLESFILTERDENYACTION", "REJECT"),
+    ]))
+    .unwrap();
+    assert!(l.warnings.iter().any(
+        |w| matches!(w, ConfigWarning::NotUsed { param, .. } if *param == "IptablesFilterDenyAction")
+    ));
+    let table = l.render_table(false);
+    assert!(table.contains("*IptablesFilterDenyAction"), "{table}");
+    // What margay acts on now is not marked, and does not warn.
+    let l = common::load_one("IPForwarding", "Disabled").unwrap();
+    assert!(l.warnings.is_empty(), "{:?}", l.warnings);
+    assert!(l.render_table(false).contains(" IPForwarding "));
+    // Reporting is off in margay: 0 (what node start-up writes) is no news, 30 s is.
+    assert!(
+        common::load_one("ReportingIntervalSecs", "0")
+            .unwrap()
+            .warnings
+            .is_empty()
+    );
+    assert!(
+        common::load_one("ReportingIntervalSecs", "30")
+            .unwrap()
+            .warnings
+            .iter()
+            .any(|w| matches!(w, ConfigWarning::Unsupported { .. }))
+    );
+}
+
+#[test]
 fn internal_overrides_beat_everything() {
     let mut inputs = with_env(&[("FELIX_BPFENABLED", "true")]);
     inputs.overrides = BTreeMap::from([("BPFEnabled".to_string(), "false".to_string())]);
