@@ -15,8 +15,12 @@
 #![allow(clippy::upper_case_acronyms)]
 
 pub mod crd;
+pub mod ipam;
 pub mod names;
+pub mod netpol;
+pub mod node;
 pub mod pod;
+pub mod profile;
 
 mod json;
 mod meta;

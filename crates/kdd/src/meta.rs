@@ -136,3 +136,24 @@ pub(crate) struct StoredMeta<'a> {
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     pub managed_fields: &'a [Value],
 }
+/// The annotation of an object whose only metadata is its name (IPAM objects):
+/// `{"creationTimestamp":null}` plus its labels.
+pub(crate) fn bare_metadata_annotation(labels: &BTreeMap<String, String>) -> String {
+    let empty = BTreeMap::new();
+    let stored = StoredMeta {
+        name: "",
+        generate_name: "",
+        self_link: "",
+        generation: None,
+        creation_timestamp: None,
+        deletion_timestamp: None,
+        deletion_grace_period_seconds: None,
+        labels,
+        annotations: &empty,
+        owner_references: &[],
+        finalizers: &[],
+        managed_fields: &[],
+    };
+    // Serialising strings and maps of strings cannot fail; fall back to Go's minimal form.
+    serde_json::to_string(&stored).unwrap_or_else(|_| r#"{"creationTimestamp":null}"#.to_string())
+}

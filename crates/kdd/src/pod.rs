@@ -474,11 +474,13 @@ fn dscp(s: &str) -> Option<Dscp> {
 /// first ipNetwork), podIPs (all, comma-separated) and containerID (when set), and the
 /// endpoint's uid (the pod's) as a precondition when set, so a pod re-created under the same
 /// name is not patched. No resourceVersion: the kubelet runs one ADD per pod at a time.
-/// Without ipNetworks there is nothing to write (`{"metadata":{}}` plus the uid).
+/// Without ipNetworks there is nothing to write (`{"metadata":{}}` plus the uid; just
+/// `{"metadata":{}}` for a resource that is not a WorkloadEndpoint).
 pub fn workload_endpoint_patch(wep: &Resource) -> Value {
     let (spec, meta) = match wep {
         Resource::WorkloadEndpoint(w) => (&w.spec, &w.metadata),
-        other => return json!({"metadata": {"uid": other.metadata().uid}}),
+        // Only endpoints have addresses to write.
+        _ => return json!({ "metadata": {} }),
     };
     let mut annotations = serde_json::Map::new();
     if let Some(first) = spec.ip_networks.first() {
