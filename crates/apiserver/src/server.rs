@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::UnsyncBoxBody};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde_json::{Value, json};
@@ -20,7 +20,7 @@ use crate::status::ApiError;
 use crate::store::{
     DeleteOpts, ListQuery, Obj, PatchType, RvMatch, Sub, WriteOpts, name_of, parse_rv,
 };
-use crate::table::{self, Include};
+use crate::table::{self, Shape};
 use crate::watch::{self, Filter, WatchParams};
 use crate::{Shared, discovery, util};
 
@@ -28,6 +28,8 @@ pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Largest request body (the real server's default).
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
+/// Most bytes of an oversized body read (and dropped) before answering 413.
+const MAX_DRAIN: usize = 16 * 1024 * 1024;
 /// Longest path + query accepted.
 pub const MAX_URL: usize = 16 * 1024;
 /// Most connections served at once.
@@ -395,29 +397,45 @@ pub fn version() -> Value {
     })
 }
 
-/// Whether the Accept header asks for a `meta.k8s.io` Table first.
-fn wants_table(accept: &str) -> bool {
-    accept.split(',').next().is_some_and(|first| {
-        let p: Vec<&str> = first.split(';').map(str::trim).collect();
-        p.contains(&"as=Table") && p.contains(&"g=meta.k8s.io")
-    })
-}
-
+/// Reads a request body of at most [`MAX_BODY`] bytes. A larger one is read on and dropped
+/// (up to [`MAX_DRAIN`] bytes, for at most 10 s) so the client sees the 413 rather than a reset.
 async fn read_body(req: Request<Incoming>) -> Result<(Bytes, String), ApiError> {
     let ct = header_str(&req, header::CONTENT_TYPE).to_string();
-    let body = Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                ApiError::too_large(MAX_BODY)
-            } else {
-                ApiError::bad_request(format!("unable to read the request body: {e}"))
+    let mut body = req.into_body();
+    let mut buf = bytes::BytesMut::new();
+    let mut total = 0usize;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(f))) => f,
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::bad_request(format!(
+                    "unable to read the request body: {e}"
+                )));
             }
-        })?;
-    Ok((body.to_bytes(), ct))
+            Err(_) if total > MAX_BODY => break,
+            Err(_) => {
+                return Err(ApiError::new(
+                    408,
+                    "Timeout",
+                    "timed out reading the request body",
+                ));
+            }
+        };
+        if let Ok(data) = frame.into_data() {
+            total += data.len();
+            if total <= MAX_BODY {
+                buf.extend_from_slice(&data);
+            } else if total > MAX_DRAIN {
+                break;
+            }
+        }
+    }
+    if total > MAX_BODY {
+        return Err(ApiError::too_large(MAX_BODY));
+    }
+    Ok((buf.freeze(), ct))
 }
 
 /// Decodes a request body as JSON, or YAML when the Content-Type says so.
@@ -594,11 +612,7 @@ async fn resource_request(
         return Err(e);
     }
     let api_version = def.api_version(&t.version);
-    let table = if wants_table(&accept) {
-        Some(Include::parse(q.get("includeObject").unwrap_or("")))
-    } else {
-        None
-    };
+    let shape = Shape::from_accept(&accept, q.get("includeObject").unwrap_or(""));
     let wopts = WriteOpts {
         dry_run: q.dry_run(),
         keep_status: false,
@@ -612,7 +626,7 @@ async fn resource_request(
                 &def,
                 &o,
                 &api_version,
-                table,
+                shape,
             ))
         }
         "list" => {
@@ -624,7 +638,7 @@ async fn resource_request(
                 wait_for_rv(&shared, n).await?;
             }
             let res = shared.lock().list(&key, &lq)?;
-            Ok(list_response(&def, &api_version, res, table))
+            Ok(list_response(&def, &api_version, res, shape))
         }
         "watch" => {
             let mut lq = list_query(&q, &def, t.ns.as_deref())?;
@@ -670,7 +684,7 @@ async fn resource_request(
                 def: start.def,
                 api_version,
                 filter,
-                table,
+                shape,
                 bookmarks: q.flag("allowWatchBookmarks"),
                 initial: start.initial,
                 initial_end: initial_events,
@@ -689,7 +703,7 @@ async fn resource_request(
                 &def,
                 &o,
                 &api_version,
-                None,
+                Shape::Object,
             ))
         }
         "update" => {
@@ -701,7 +715,7 @@ async fn resource_request(
                 &def,
                 &o,
                 &api_version,
-                None,
+                Shape::Object,
             ))
         }
         "patch" => {
@@ -734,7 +748,7 @@ async fn resource_request(
                 &def,
                 &o,
                 &api_version,
-                None,
+                Shape::Object,
             ))
         }
         "delete" => {
@@ -746,7 +760,7 @@ async fn resource_request(
                 &def,
                 &o,
                 &api_version,
-                None,
+                Shape::Object,
             ))
         }
         "deletecollection" => {
@@ -778,7 +792,7 @@ async fn resource_request(
                     remaining: None,
                 })
             })?;
-            Ok(list_response(&def, &api_version, res, None))
+            Ok(list_response(&def, &api_version, res, Shape::Object))
         }
         _ => Err(ApiError::method_not_allowed(
             "the server does not allow this method on the requested resource",
@@ -843,15 +857,16 @@ fn object_response(
     def: &ResourceDef,
     o: &Obj,
     api_version: &str,
-    table: Option<Include>,
+    shape: Shape,
 ) -> Response<Body> {
-    match table {
-        Some(inc) => {
+    match shape {
+        Shape::Meta => json_value(code, &table::partial(&o.value)),
+        Shape::Table(inc) => {
             let row = table::row(def, &o.value, inc, util::now_secs());
             let t = table::table(def, vec![row], json!({"resourceVersion": o.rv.to_string()}));
             json_value(code, &t)
         }
-        None => json_bytes(code, watch::render(o, api_version), "application/json"),
+        Shape::Object => json_bytes(code, watch::render(o, api_version), "application/json"),
     }
 }
 
@@ -859,7 +874,7 @@ fn list_response(
     def: &ResourceDef,
     api_version: &str,
     res: crate::store::ListResult,
-    table: Option<Include>,
+    shape: Shape,
 ) -> Response<Body> {
     let mut meta = json!({"resourceVersion": res.rv.to_string()});
     if let Some(c) = &res.cont {
@@ -868,7 +883,12 @@ fn list_response(
     if let Some(r) = res.remaining {
         meta["remainingItemCount"] = json!(r);
     }
-    if let Some(inc) = table {
+    if shape == Shape::Meta {
+        let items: Vec<Value> = res.items.iter().map(|o| table::partial(&o.value)).collect();
+        let l = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items});
+        return json_value(StatusCode::OK, &l);
+    }
+    if let Shape::Table(inc) = shape {
         let now = util::now_secs();
         let rows = res
             .items

@@ -25,6 +25,42 @@ impl Include {
     }
 }
 
+/// The form objects are answered in (negotiated from the Accept header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Object,
+    Table(Include),
+    /// `as=PartialObjectMetadata[List]`: metadata only.
+    Meta,
+}
+
+impl Shape {
+    /// The first Accept entry decides (clients list their preference first).
+    pub fn from_accept(accept: &str, include: &str) -> Shape {
+        let Some(first) = accept.split(',').next() else {
+            return Shape::Object;
+        };
+        let p: Vec<&str> = first.split(';').map(str::trim).collect();
+        if !p.contains(&"g=meta.k8s.io") {
+            return Shape::Object;
+        }
+        if p.contains(&"as=Table") {
+            Shape::Table(Include::parse(include))
+        } else if p.contains(&"as=PartialObjectMetadata")
+            || p.contains(&"as=PartialObjectMetadataList")
+        {
+            Shape::Meta
+        } else {
+            Shape::Object
+        }
+    }
+}
+
+/// `PartialObjectMetadata` of an object.
+pub fn partial(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj.get("metadata").cloned().unwrap_or(json!({}))})
+}
+
 fn col(name: &str, ty: &str, format: &str, priority: u8, desc: &str) -> Value {
     json!({"name": name, "type": ty, "format": format, "description": desc, "priority": priority})
 }

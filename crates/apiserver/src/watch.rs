@@ -18,7 +18,7 @@ use crate::Shared;
 use crate::resources::ResourceDef;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::store::{EventType, Key, Obj};
-use crate::table::{self, Include};
+use crate::table::{self, Shape};
 
 /// Events looked at per wake-up (bounds the time the store lock is held).
 const MAX_SCAN: usize = 4096;
@@ -46,7 +46,7 @@ pub struct WatchParams {
     pub def: Arc<ResourceDef>,
     pub api_version: String,
     pub filter: Filter,
-    pub table: Option<Include>,
+    pub shape: Shape,
     pub bookmarks: bool,
     pub initial: Vec<Obj>,
     /// Send the `k8s.io/initial-events-end` bookmark after the initial events.
@@ -114,8 +114,11 @@ pub fn render(obj: &Obj, api_version: &str) -> Bytes {
 
 impl Cursor {
     fn object_bytes(&self, obj: &Obj) -> Bytes {
-        match self.p.table {
-            Some(inc) => {
+        match self.p.shape {
+            Shape::Meta => {
+                Bytes::from(serde_json::to_vec(&table::partial(&obj.value)).unwrap_or_default())
+            }
+            Shape::Table(inc) => {
                 let now = crate::util::now_secs();
                 let row = table::row(&self.p.def, &obj.value, inc, now);
                 let t = table::table(
@@ -125,7 +128,7 @@ impl Cursor {
                 );
                 Bytes::from(serde_json::to_vec(&t).unwrap_or_default())
             }
-            None => render(obj, &self.p.api_version),
+            Shape::Object => render(obj, &self.p.api_version),
         }
     }
 

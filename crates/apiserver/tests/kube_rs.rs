@@ -222,6 +222,26 @@ async fn typed_api_crud_from_a_current_thread_runtime() {
         .map(|c| c.metadata.name.unwrap())
         .collect();
     assert_eq!(names, ["c1", "c2"]);
+    // Metadata-only lists and gets (PartialObjectMetadata), as metadata informers use.
+    let metas = cms.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(
+        metas
+            .items
+            .iter()
+            .map(|m| m.metadata.name.clone().unwrap())
+            .collect::<Vec<_>>(),
+        ["c1", "c2"]
+    );
+    assert!(metas.metadata.resource_version.is_some());
+    assert_eq!(
+        cms.get_metadata("c1")
+            .await
+            .unwrap()
+            .metadata
+            .name
+            .as_deref(),
+        Some("c1")
+    );
     let lp = ListParams::default().fields("metadata.name=c2");
     assert_eq!(cms.list(&lp).await.unwrap().items.len(), 1);
     let e = cms
