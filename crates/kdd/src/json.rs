@@ -9,8 +9,9 @@ use crate::{KddError, Result};
 /// `Kind ns/name` or `Kind "name"`, for messages.
 pub(crate) fn label(kind: &str, namespace: &str, name: &str) -> String {
     match (namespace.is_empty(), name.is_empty()) {
-        (_, true) if namespace.is_empty() => format!("{kind} <no name>"),
-        (true, _) => format!("{kind} {name:?}"),
+        (true, true) => format!("{kind} <no name>"),
+        (true, false) => format!("{kind} {name:?}"),
+        // Namespaced objects read as kubectl names them: `Pod shop/web-0`.
         (false, true) => format!("{kind} {namespace}/<no name>"),
         (false, false) => format!("{kind} {namespace}/{name}"),
     }
