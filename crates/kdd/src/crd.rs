@@ -25,7 +25,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::json::{annotation_path, decode, decode_str, label, null_as_default, value_label};
-use crate::meta::{K8sMeta, METADATA_ANNOTATION, StoredMeta, is_ours};
+/// The annotation holding a v3 resource's metadata on its custom resource.
+pub use crate::meta::METADATA_ANNOTATION;
+use crate::meta::{K8sMeta, StoredMeta, is_ours};
 use crate::names::convert_uid;
 use crate::{CRD_API_VERSION, CRD_GROUP, CRD_VERSION, KddError, Result};
 
