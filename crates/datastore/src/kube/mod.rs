@@ -460,10 +460,18 @@ impl KubeBackend {
                     Err(ApiError::Conflict(_)) => return Err(self.conflict(key, expected).await),
                     Err(e) => return Err(map_err(e, key)),
                 };
-                match (reply, before) {
-                    (Some(obj), _) => self.stored(target.source, key, &obj),
-                    (None, Some(kv)) => Ok(kv),
-                    (None, None) => Err(not_found(target.source, key)),
+                // API servers differ on the version a DELETE reply carries (the object's last,
+                // or the deletion's); the contract returns the last stored value.
+                match (reply, before, expected) {
+                    (_, Some(kv), _) => Ok(kv),
+                    (Some(obj), None, Some(r)) => {
+                        let mut kv = self.stored(target.source, key, &obj)?;
+                        kv.mod_revision = r;
+                        kv.create_revision = r;
+                        Ok(kv)
+                    }
+                    (Some(obj), None, None) => self.stored(target.source, key, &obj),
+                    (None, None, _) => Err(not_found(target.source, key)),
                 }
             }
         }
