@@ -878,6 +878,7 @@ impl State {
                 let mut n = obj;
                 if def.status {
                     match old.value.get("status") {
+                        Some(s) if n.get("status") == Some(s) => {}
                         Some(s) => n["status"] = s.clone(),
                         None => {
                             if let Some(m) = n.as_object_mut() {
@@ -918,7 +919,8 @@ impl State {
             }
         };
         {
-            let om = meta(&old.value).cloned().unwrap_or_default();
+            let empty = Map::new();
+            let om = meta(&old.value).unwrap_or(&empty);
             let m = meta_mut(&mut new);
             for f in [
                 "uid",
@@ -930,6 +932,7 @@ impl State {
                 "name",
             ] {
                 match om.get(f) {
+                    Some(v) if m.get(f) == Some(v) => {}
                     Some(v) => {
                         m.insert(f.into(), v.clone());
                     }
