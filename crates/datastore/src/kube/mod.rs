@@ -564,16 +564,41 @@ impl KvBackend for KubeBackend {
 
     async fn txn(&self, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<TxnResponse> {
         check_txn_ops(&ops)?;
-        // 1. Every compare, checked up front (so a lost race usually fails before any write).
-        let mut current: HashMap<String, Option<i64>> = HashMap::new();
-        for c in &compares {
-            let rev = self.get(c.key()).await?.map(|kv| kv.mod_revision);
-            if let Some(e) = c.failure(rev) {
+        // 1. Every compare, checked up front and concurrently (so a lost race usually fails
+        //    before any write); what they read serves the writes below.
+        let mut current: HashMap<String, Option<KeyValue>> = HashMap::new();
+        let read = try_join_all(compares.iter().map(|c| self.get(c.key()))).await?;
+        for (c, kv) in compares.iter().zip(read) {
+            if let Some(e) = c.failure(kv.as_ref().map(|kv| kv.mod_revision)) {
                 return Err(e);
             }
-            current.insert(c.key().to_string(), rev);
+            current.insert(c.key().to_string(), kv);
         }
-        // 2. The ops in order; each write conditional on its key's compare.
+        // 2a. Only reads: all at once (nothing they could see is written in between by us).
+        if !ops.iter().any(TxnOp::is_write) {
+            let answers = try_join_all(ops.iter().map(|op| async move {
+                match op {
+                    TxnOp::Get { key } => Ok((TxnOpResult::Get(self.get(key).await?), None)),
+                    TxnOp::List { prefix } => {
+                        let l = self.list(prefix).await?;
+                        Ok((TxnOpResult::List(l.kvs), Some(l.revision)))
+                    }
+                    _ => Err(DatastoreError::invalid(
+                        "a write in a read-only transaction",
+                    )),
+                }
+            }))
+            .await?;
+            // A list's revision is the store's; without one, ask.
+            let listed = answers.iter().filter_map(|(_, r)| *r).max();
+            let revision = match listed {
+                Some(r) => r,
+                None => self.revision().await?,
+            };
+            let results = answers.into_iter().map(|(r, _)| r).collect();
+            return Ok(TxnResponse { revision, results });
+        }
+        // 2b. The ops in order; each write conditional on its key's compare.
         let mut results = Vec::with_capacity(ops.len());
         let mut undo: Vec<Undo> = Vec::new();
         let mut revision = 0i64;
@@ -665,7 +690,7 @@ impl KubeBackend {
         &self,
         op: &TxnOp,
         compares: &[Compare],
-        current: &HashMap<String, Option<i64>>,
+        current: &HashMap<String, Option<KeyValue>>,
     ) -> Result<(TxnOpResult, Option<Undo>)> {
         let compare = |key: &str| compares.iter().find(|c| c.key() == key);
         match op {
@@ -673,8 +698,8 @@ impl KubeBackend {
             TxnOp::List { prefix } => Ok((TxnOpResult::List(self.list(prefix).await?.kvs), None)),
             TxnOp::Put { key, value } => {
                 let old = match current.get(key.as_str()) {
-                    Some(Some(_)) | None => self.get(key).await?,
-                    Some(None) => None,
+                    Some(known) => known.clone(),
+                    None => self.get(key).await?,
                 };
                 let kv = match (compare(key), &old) {
                     (Some(Compare::Absent(_)), _) | (None, None) => {
