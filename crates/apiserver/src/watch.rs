@@ -22,6 +22,8 @@ use crate::table::{self, Shape};
 
 /// Events looked at per wake-up (bounds the time the store lock is held).
 const MAX_SCAN: usize = 4096;
+/// Least time between two event chunks of one watch while events keep coming.
+const COALESCE: Duration = Duration::from_millis(1);
 /// Synthetic ADDED events per chunk.
 const INITIAL_BATCH: usize = 500;
 
@@ -89,6 +91,7 @@ struct Cursor {
     rv_rx: watch::Receiver<u64>,
     close_rx: watch::Receiver<u64>,
     next_bookmark: Instant,
+    last_chunk: Option<Instant>,
     done: bool,
     _guard: WatchGuard,
 }
@@ -171,6 +174,12 @@ impl Cursor {
                 self.done = true;
                 return None;
             }
+            // Under a sustained stream, send at most one chunk per COALESCE: events that
+            // arrive meanwhile share it (per-chunk costs — wake-up, lock, TLS record, syscall —
+            // would otherwise dominate). An event after a quiet spell goes out at once.
+            if let Some(last) = self.last_chunk.filter(|l| l.elapsed() < COALESCE) {
+                tokio::time::sleep_until(last + COALESCE).await;
+            }
             self.rv_rx.borrow_and_update();
             let got = {
                 let st = self.shared.lock();
@@ -205,6 +214,7 @@ impl Cursor {
                 push_event(&mut buf, ty.as_str(), &self.object_bytes(&e.obj));
             }
             if !buf.is_empty() {
+                self.last_chunk = Some(Instant::now());
                 return Some(buf.freeze());
             }
             if next <= current {
@@ -241,6 +251,7 @@ pub fn stream(
         rv_rx: shared.rv_tx.subscribe(),
         close_rx,
         next_bookmark: Instant::now() + p.bookmark_interval,
+        last_chunk: None,
         shared,
         gr,
         p,

@@ -87,6 +87,15 @@ async fn reflector_follows_writes_compaction_closed_watches_and_restart() {
     });
     reader.wait_until_ready().await.unwrap();
     converges(&s, &reader, "initial paged list").await;
+    // The watch follows the list; give it a moment to be open, then it must be the only one.
+    assert!(
+        common::eventually(Duration::from_secs(10), || server
+            .stats()
+            .watches("", "pods")
+            == 1)
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(server.stats().watches("", "pods"), 1, "exactly one watch");
     assert!(
         server.stats().request_count("list", "", "pods") >= 5,
