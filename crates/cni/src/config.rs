@@ -573,6 +573,9 @@ pub fn datastore_config(
         ("ETCD_KEY_FILE", conf.etcd_key_file.as_str()),
         ("ETCD_CERT_FILE", conf.etcd_cert_file.as_str()),
         ("ETCD_CA_CERT_FILE", conf.etcd_ca_cert_file.as_str()),
+        // Calico's plugin exports these for the Kubernetes datastore.
+        ("KUBECONFIG", conf.kubernetes.kubeconfig.as_str()),
+        ("K8S_API_ENDPOINT", conf.kubernetes.k8s_api_root.as_str()),
     ];
     let lookup = |k: &str| {
         from_conf
@@ -629,6 +632,11 @@ mod tests {
         let env = Env::new();
         let ds = datastore_config(&p.conf, &env).unwrap();
         assert_eq!(ds.datastore_type, margay_datastore::DatastoreType::Etcd);
+        assert_eq!(
+            ds.kube.kubeconfig,
+            vec![std::path::PathBuf::from("/etc/cni/net.d/calico-kubeconfig")],
+            "the network config's kubernetes.kubeconfig reaches the datastore settings"
+        );
         assert_eq!(ds.etcd.endpoints, vec!["http://127.0.0.1:2379".to_string()]);
     }
 

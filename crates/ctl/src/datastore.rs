@@ -18,6 +18,9 @@ const REACH_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) struct Connection<B> {
     pub client: Client<B>,
     pub describe: String,
+    /// The Kubernetes datastore, where some kinds are derived from Kubernetes objects and
+    /// `margay ctl` must not write them.
+    pub kubernetes: bool,
 }
 
 /// Why no connection could be made, and the exit code to report it with.
@@ -63,6 +66,7 @@ impl Connector for EnvConnector {
             code: EXIT_USAGE,
         })?;
         let describe = cfg.describe();
+        let kubernetes = cfg.datastore_type == margay_datastore::DatastoreType::Kubernetes;
         let unreachable = |reason: String| ConnectFailure {
             message: format!("cannot reach the datastore ({describe}): {reason}"),
             code: EXIT_INVALID,
@@ -88,6 +92,7 @@ impl Connector for EnvConnector {
         Ok(Connection {
             client: Client::new(backend),
             describe,
+            kubernetes,
         })
     }
 }

@@ -88,6 +88,21 @@ pub(crate) async fn run<C: Connector>(
         Err(code) => return Ok(code),
     };
     let key = key_of(kind, namespace_or_default(namespace), &a.name);
+    // Labels are written with an update, which the Kubernetes datastore allows for Nodes only
+    // among the kinds it derives from Kubernetes objects.
+    if let Some(why) = crate::write_cmd::derived_refusal_for(
+        conn.kubernetes,
+        crate::write_cmd::Action::Replace,
+        kind,
+        &a.name,
+    ) {
+        writeln!(
+            err,
+            "error: {}",
+            why.replacen("cannot replace", "cannot label", 1)
+        )?;
+        return Ok(EXIT_INVALID);
+    }
     let (what, name) = (&a.kind, &a.name);
     match relabel(&conn.client, &key, &key_name, value.as_deref(), a.overwrite).await {
         Ok(Change::Removed) => {

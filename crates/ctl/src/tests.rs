@@ -28,6 +28,7 @@ impl Connector for MemConnector {
         Ok(Connection {
             client: self.client.clone(),
             describe: "in-memory datastore".to_string(),
+            kubernetes: false,
         })
     }
 }
@@ -1548,5 +1549,43 @@ spec:
     assert!(
         o.err.contains("spec.podSelector.matchLabel: unknown field \"matchLabel\" (did you mean \"matchLabels\"?)"),
         "{o:?}"
+    );
+}
+
+#[test]
+fn derived_kinds_are_read_only_in_the_kubernetes_datastore() {
+    use crate::write_cmd::{Action, derived_refusal_for};
+    let create = Action::Create { skip_exists: false };
+    let delete = Action::Delete {
+        skip_not_exists: false,
+    };
+    for (kind, name) in [
+        (Kind::WorkloadEndpoint, "n1-k8s-web-eth0"),
+        (Kind::Profile, "kns.prod"),
+        (Kind::NetworkPolicy, "knp.default.deny"),
+    ] {
+        for action in [create, Action::Apply, Action::Replace, delete] {
+            let why = derived_refusal_for(true, action, kind, name)
+                .unwrap_or_else(|| panic!("{kind} {name} must be refused"));
+            assert!(
+                why.contains("Kubernetes datastore") && why.contains("kubectl"),
+                "{why}"
+            );
+            assert_eq!(derived_refusal_for(false, action, kind, name), None);
+        }
+    }
+    assert!(derived_refusal_for(true, create, Kind::Node, "n1").is_some());
+    assert!(derived_refusal_for(true, delete, Kind::Node, "n1").is_some());
+    assert_eq!(
+        derived_refusal_for(true, Action::Apply, Kind::Node, "n1"),
+        None
+    );
+    assert_eq!(
+        derived_refusal_for(true, create, Kind::NetworkPolicy, "web"),
+        None
+    );
+    assert_eq!(
+        derived_refusal_for(true, create, Kind::IPPool, "pool"),
+        None
     );
 }

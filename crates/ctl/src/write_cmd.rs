@@ -315,7 +315,11 @@ pub(crate) async fn run_delete<C: Connector>(
     let progress = Progress::new(keys.len(), ui.progress, action.progressive());
     let mut tally = Tally::default();
     for (i, key) in keys.iter().enumerate() {
-        let result = delete(&conn.client, key, None, a.skip_not_exists).await;
+        let refusal = derived_refusal_for(conn.kubernetes, action, key.kind, &key.name);
+        let result = match refusal {
+            Some(why) => Err(OpError::Refused(why)),
+            None => delete(&conn.client, key, None, a.skip_not_exists).await,
+        };
         progress.inc();
         match result {
             Ok(o) => tally.record(o),
@@ -399,7 +403,10 @@ async fn run_loaded<C: Connector>(
         let n = loaded.items.len();
         let progress = Progress::new(n, ui.progress, action.progressive());
         for (i, Item { resource, .. }) in loaded.items.into_iter().enumerate() {
-            let result = process(&conn.client, action, resource, namespace).await;
+            let result = match derived_refusal(conn.kubernetes, action, &resource) {
+                Some(why) => Err((resource.key(), OpError::Refused(why))),
+                None => process(&conn.client, action, resource, namespace).await,
+            };
             progress.inc();
             match result {
                 Ok(o) => tally.record(o),
@@ -510,6 +517,43 @@ async fn process<B: KvBackend>(
         }
     };
     result.map_err(|e| (key, e))
+}
+
+/// In the Kubernetes datastore some kinds are views of Kubernetes objects: WorkloadEndpoints
+/// (Pods), Profiles (Namespaces, ServiceAccounts), `knp.default.*` NetworkPolicies (Kubernetes
+/// NetworkPolicies) and Nodes (Kubernetes Nodes, whose Calico fields may be updated but which
+/// are neither created nor deleted here). Writing them is refused with what to do instead.
+pub(crate) fn derived_refusal(kubernetes: bool, action: Action, r: &Resource) -> Option<String> {
+    derived_refusal_for(kubernetes, action, r.kind(), r.name())
+}
+
+pub(crate) fn derived_refusal_for(
+    kubernetes: bool,
+    action: Action,
+    kind: Kind,
+    name: &str,
+) -> Option<String> {
+    if !kubernetes {
+        return None;
+    }
+    let verb = action.verb();
+    match kind {
+        Kind::WorkloadEndpoint => Some(format!(
+            "cannot {verb} WorkloadEndpoint {name:?}: in the Kubernetes datastore WorkloadEndpoints are derived from Pods and are read-only (change the Pod with kubectl)"
+        )),
+        Kind::Profile => Some(format!(
+            "cannot {verb} Profile {name:?}: in the Kubernetes datastore Profiles are derived from Namespaces (kns.*) and ServiceAccounts (ksa.*) and are read-only (change those with kubectl)"
+        )),
+        Kind::NetworkPolicy if name.starts_with("knp.default.") => Some(format!(
+            "cannot {verb} NetworkPolicy {name:?}: in the Kubernetes datastore knp.default.* policies are Kubernetes NetworkPolicies (networking.k8s.io/v1); manage them with kubectl"
+        )),
+        Kind::Node if matches!(action, Action::Create { .. } | Action::Delete { .. }) => {
+            Some(format!(
+                "cannot {verb} Node {name:?}: in the Kubernetes datastore Calico Nodes are the cluster's Kubernetes Nodes (registered by the kubelet, removed with kubectl delete node); apply or replace updates their Calico fields"
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// calicoctl's namespace rules for a resource from a file: `-n` fills in a missing namespace

@@ -14,6 +14,8 @@ pub enum AnyBackend {
     Local(crate::local::LocalBackend),
     #[cfg(feature = "etcd")]
     Etcd(crate::etcd::EtcdBackend),
+    #[cfg(feature = "kubernetes")]
+    Kube(crate::kube::KubeBackend),
 }
 
 macro_rules! dispatch {
@@ -24,6 +26,8 @@ macro_rules! dispatch {
             AnyBackend::Local($b) => $e,
             #[cfg(feature = "etcd")]
             AnyBackend::Etcd($b) => $e,
+            #[cfg(feature = "kubernetes")]
+            AnyBackend::Kube($b) => $e,
         }
     };
 }
@@ -61,5 +65,11 @@ impl KvBackend for AnyBackend {
     }
     async fn revision(&self) -> Result<i64> {
         dispatch!(self, b => b.revision().await)
+    }
+    async fn list_many(&self, prefixes: &[String]) -> Result<ListResult> {
+        dispatch!(self, b => b.list_many(prefixes).await)
+    }
+    async fn watch_many(&self, prefixes: &[String], after_revision: i64) -> Result<Watch> {
+        dispatch!(self, b => b.watch_many(prefixes, after_revision).await)
     }
 }

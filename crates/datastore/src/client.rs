@@ -337,7 +337,12 @@ fn encode(resource: &Resource) -> Result<Vec<u8>> {
         .map_err(|e| DatastoreError::invalid(format!("{}: cannot encode: {e}", r.key())))
 }
 
+/// What was stored: the backend's copy (the Kubernetes datastore's server sets uid and
+/// creationTimestamp itself), else the resource written with its new version.
 fn with_version(mut resource: Resource, kv: &KeyValue) -> Result<Resource> {
+    if let Ok(stored) = decode(kv) {
+        return Ok(stored);
+    }
     resource.metadata_mut().resource_version = kv.mod_revision.to_string();
     Ok(resource)
 }

@@ -19,7 +19,7 @@ pub enum DatastoreType {
     Local,
     /// etcd v3 with Calico's key layout.
     Etcd,
-    /// The Kubernetes API (not supported yet).
+    /// The Kubernetes API (Calico's KDD: custom resources plus Pods, Namespaces, Nodes…).
     Kubernetes,
 }
 
@@ -49,12 +49,58 @@ pub struct EtcdConfig {
     pub password: Option<String>,
 }
 
+/// How to reach the Kubernetes API (Calico's KUBECONFIG, K8S_* variables and calicoctl's
+/// `kubeconfig`/`k8s*` fields). With nothing set: `$HOME/.kube/config` if it exists, else the
+/// in-cluster service account.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KubeSettings {
+    /// KUBECONFIG: one file, or a `:`-separated precedence list (first wins).
+    pub kubeconfig: Vec<PathBuf>,
+    /// calicoctl's `kubeconfigInline`: a whole kubeconfig as text (wins over the files).
+    pub kubeconfig_inline: Option<String>,
+    /// K8S_API_ENDPOINT: the API server URL, over whatever the kubeconfig says.
+    pub api_endpoint: Option<String>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    pub insecure_skip_tls_verify: bool,
+    /// K8S_CURRENT_CONTEXT: the kubeconfig context to use.
+    pub current_context: Option<String>,
+    /// K8S_API_TOKEN / `k8sAPIToken`: a bearer token.
+    pub token: Option<String>,
+    /// The host-side interface prefix of pods' veths (first item of FELIX_INTERFACEPREFIX):
+    /// part of every WorkloadEndpoint derived from a Pod.
+    pub interface_prefix: String,
+}
+
+impl std::fmt::Debug for KubeSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print secrets: the token and an inline kubeconfig (which may hold keys).
+        f.debug_struct("KubeSettings")
+            .field("kubeconfig", &self.kubeconfig)
+            .field(
+                "kubeconfig_inline",
+                &self.kubeconfig_inline.as_ref().map(|_| "<redacted>"),
+            )
+            .field("api_endpoint", &self.api_endpoint)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("ca_file", &self.ca_file)
+            .field("insecure_skip_tls_verify", &self.insecure_skip_tls_verify)
+            .field("current_context", &self.current_context)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("interface_prefix", &self.interface_prefix)
+            .finish()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DatastoreConfig {
     pub datastore_type: DatastoreType,
     /// The embedded store's file.
     pub local_path: PathBuf,
     pub etcd: EtcdConfig,
+    pub kube: KubeSettings,
 }
 
 impl Default for DatastoreConfig {
@@ -63,6 +109,10 @@ impl Default for DatastoreConfig {
             datastore_type: DatastoreType::Local,
             local_path: PathBuf::from(DEFAULT_LOCAL_PATH),
             etcd: EtcdConfig::default(),
+            kube: KubeSettings {
+                interface_prefix: "cali".to_string(),
+                ..KubeSettings::default()
+            },
         }
     }
 }
@@ -76,9 +126,14 @@ impl DatastoreConfig {
     /// From variables looked up with `get` (the environment, or a table in tests).
     ///
     /// DATASTORE_TYPE picks the store (`local`, `etcdv3`, `kubernetes`); without it, setting
-    /// ETCD_ENDPOINTS means etcd and nothing means the embedded store at DATASTORE_PATH.
+    /// ETCD_ENDPOINTS means etcd and nothing means the embedded store at DATASTORE_PATH. As
+    /// in Calico, each variable may also be given with a `CALICO_` prefix, which wins.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<DatastoreConfig> {
-        let non_empty = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+        let non_empty = |k: &str| {
+            get(&format!("CALICO_{k}"))
+                .filter(|v| !v.trim().is_empty())
+                .or_else(|| get(k).filter(|v| !v.trim().is_empty()))
+        };
         let endpoints = non_empty("ETCD_ENDPOINTS").map(|e| split_endpoints(&e));
         let datastore_type = match non_empty("DATASTORE_TYPE") {
             Some(t) => DatastoreType::parse(&t)?,
@@ -96,11 +151,36 @@ impl DatastoreConfig {
             username: non_empty("ETCD_USERNAME"),
             password: non_empty("ETCD_PASSWORD"),
         };
+        let kube = KubeSettings {
+            kubeconfig: non_empty("KUBECONFIG")
+                .map(|v| split_paths(&v))
+                .unwrap_or_default(),
+            kubeconfig_inline: non_empty("KUBECONFIG_INLINE"),
+            api_endpoint: non_empty("K8S_API_ENDPOINT"),
+            cert_file: non_empty("K8S_CERT_FILE").map(PathBuf::from),
+            key_file: non_empty("K8S_KEY_FILE").map(PathBuf::from),
+            ca_file: non_empty("K8S_CA_FILE").map(PathBuf::from),
+            insecure_skip_tls_verify: match non_empty("K8S_INSECURE_SKIP_TLS_VERIFY") {
+                Some(v) => parse_bool("K8S_INSECURE_SKIP_TLS_VERIFY", &v)?,
+                None => false,
+            },
+            current_context: non_empty("K8S_CURRENT_CONTEXT"),
+            token: non_empty("K8S_API_TOKEN"),
+            interface_prefix: get("FELIX_INTERFACEPREFIX")
+                .and_then(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .find(|p| !p.is_empty())
+                        .map(str::to_string)
+                })
+                .unwrap_or_else(|| "cali".to_string()),
+        };
         let cfg = DatastoreConfig {
             datastore_type,
             local_path: non_empty("DATASTORE_PATH")
                 .map_or_else(|| PathBuf::from(DEFAULT_LOCAL_PATH), PathBuf::from),
             etcd,
+            kube,
         };
         cfg.check()?;
         Ok(cfg)
@@ -132,16 +212,6 @@ impl DatastoreConfig {
             ));
         }
         let s = doc.spec;
-        if s.datastore_type
-            .as_deref()
-            .is_some_and(|t| t.eq_ignore_ascii_case("kubernetes"))
-            && (s.kubeconfig.is_some() || s.k8s_api_endpoint.is_some())
-        {
-            return Err(
-                "the Kubernetes datastore is not supported yet: use datastoreType local or etcdv3"
-                    .into(),
-            );
-        }
         let vars: Vec<(&str, Option<String>)> = vec![
             ("DATASTORE_TYPE", s.datastore_type),
             ("ETCD_ENDPOINTS", s.etcd_endpoints),
@@ -152,6 +222,18 @@ impl DatastoreConfig {
             ("ETCD_USERNAME", s.etcd_username),
             ("ETCD_PASSWORD", s.etcd_password),
             ("DATASTORE_PATH", s.datastore_path),
+            ("KUBECONFIG", s.kubeconfig),
+            ("KUBECONFIG_INLINE", s.kubeconfig_inline),
+            ("K8S_API_ENDPOINT", s.k8s_api_endpoint),
+            ("K8S_KEY_FILE", s.k8s_key_file),
+            ("K8S_CERT_FILE", s.k8s_cert_file),
+            ("K8S_CA_FILE", s.k8s_ca_file),
+            ("K8S_API_TOKEN", s.k8s_api_token),
+            ("K8S_CURRENT_CONTEXT", s.k8s_current_context),
+            (
+                "K8S_INSECURE_SKIP_TLS_VERIFY",
+                s.k8s_insecure.map(|b| b.to_string()),
+            ),
         ];
         let lookup = |k: &str| {
             vars.iter()
@@ -166,15 +248,33 @@ impl DatastoreConfig {
         match self.datastore_type {
             DatastoreType::Local => format!("local datastore at {}", self.local_path.display()),
             DatastoreType::Etcd => format!("etcd at {}", self.etcd.endpoints.join(",")),
-            DatastoreType::Kubernetes => "Kubernetes API".to_string(),
+            DatastoreType::Kubernetes => {
+                match (&self.kube.api_endpoint, self.kube.kubeconfig.first()) {
+                    (Some(url), _) => format!("Kubernetes API at {url}"),
+                    (None, Some(path)) => format!("Kubernetes API (kubeconfig {})", path.display()),
+                    (None, None) => "Kubernetes API (default kubeconfig or in-cluster)".to_string(),
+                }
+            }
         }
     }
 
     fn check(&self) -> Result<()> {
         match self.datastore_type {
-            DatastoreType::Kubernetes => Err(DatastoreError::invalid(
-                "the Kubernetes datastore is not supported yet: use DATASTORE_TYPE=local or etcdv3",
-            )),
+            DatastoreType::Kubernetes => {
+                if self.kube.cert_file.is_some() != self.kube.key_file.is_some() {
+                    return Err(DatastoreError::invalid(
+                        "set both K8S_CERT_FILE and K8S_KEY_FILE for a client certificate, or neither",
+                    ));
+                }
+                if let Some(url) = &self.kube.api_endpoint
+                    && !(url.starts_with("https://") || url.starts_with("http://"))
+                {
+                    return Err(DatastoreError::invalid(format!(
+                        "K8S_API_ENDPOINT {url:?} must be a URL such as https://10.96.0.1:443"
+                    )));
+                }
+                Ok(())
+            }
             DatastoreType::Etcd if self.etcd.endpoints.is_empty() => {
                 if self.etcd.discovery_srv.is_some() {
                     Err(DatastoreError::invalid(
@@ -236,11 +336,36 @@ impl DatastoreConfig {
             DatastoreType::Etcd => Ok(AnyBackend::Etcd(
                 crate::etcd::EtcdBackend::connect(&self.etcd).await?,
             )),
+            #[cfg(feature = "kubernetes")]
+            DatastoreType::Kubernetes => Ok(AnyBackend::Kube(
+                crate::kube::KubeBackend::connect(&self.kube).await?,
+            )),
             #[allow(unreachable_patterns)]
             other => Err(DatastoreError::invalid(format!(
                 "{other:?} datastore support is not built into this binary"
             ))),
         }
+    }
+}
+
+fn split_paths(s: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in s.split(':').map(str::trim).filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn parse_bool(name: &str, v: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        other => Err(DatastoreError::invalid(format!(
+            "{name} {other:?} is not a boolean (use true or false)"
+        ))),
     }
 }
 
@@ -283,20 +408,33 @@ struct ApiConfigSpec {
     /// margay's embedded datastore file.
     datastore_path: Option<String>,
     kubeconfig: Option<String>,
+    kubeconfig_inline: Option<String>,
     #[serde(rename = "k8sAPIEndpoint")]
     k8s_api_endpoint: Option<String>,
     #[serde(rename = "k8sKeyFile")]
-    _k8s_key_file: Option<String>,
+    k8s_key_file: Option<String>,
     #[serde(rename = "k8sCertFile")]
-    _k8s_cert_file: Option<String>,
+    k8s_cert_file: Option<String>,
     #[serde(rename = "k8sCAFile")]
-    _k8s_ca_file: Option<String>,
+    k8s_ca_file: Option<String>,
     #[serde(rename = "k8sAPIToken")]
-    _k8s_api_token: Option<String>,
+    k8s_api_token: Option<String>,
     #[serde(rename = "k8sInsecureSkipTLSVerify")]
-    _k8s_insecure: Option<bool>,
+    k8s_insecure: Option<bool>,
+    #[serde(rename = "k8sCurrentContext")]
+    k8s_current_context: Option<String>,
+    /// Calico accepts these; margay has no use for them (client-side rate limits, and a
+    /// vestigial flag), so they parse and are ignored.
+    #[serde(rename = "k8sClientQPS")]
+    _k8s_client_qps: Option<serde_json::Value>,
+    #[serde(rename = "k8sClientBurst")]
+    _k8s_client_burst: Option<serde_json::Value>,
     #[serde(rename = "k8sDisableNodePoll")]
     _k8s_disable_node_poll: Option<bool>,
+    #[serde(rename = "calicoAPIGroup")]
+    _calico_api_group: Option<String>,
+    #[serde(rename = "usePodCIDR")]
+    _use_pod_cidr: Option<bool>,
 }
 
 #[cfg(test)]
@@ -345,11 +483,38 @@ mod tests {
                 .contains("must be a URL")
         );
         assert!(cfg(&[("ETCD_ENDPOINTS", "http://a:1"), ("ETCD_CERT_FILE", "/c")]).is_err());
+        let k = cfg(&[
+            ("DATASTORE_TYPE", "kubernetes"),
+            ("KUBECONFIG", "/a/config:/b/config:/a/config"),
+            ("FELIX_INTERFACEPREFIX", "tap,cali"),
+        ])
+        .unwrap();
+        assert_eq!(k.datastore_type, DatastoreType::Kubernetes);
+        assert_eq!(
+            k.kube.kubeconfig,
+            vec![PathBuf::from("/a/config"), PathBuf::from("/b/config")]
+        );
+        assert_eq!(k.kube.interface_prefix, "tap");
         assert!(
-            cfg(&[("DATASTORE_TYPE", "kubernetes")])
+            cfg(&[("DATASTORE_TYPE", "kubernetes"), ("K8S_CERT_FILE", "/c")])
                 .unwrap_err()
                 .to_string()
-                .contains("not supported yet")
+                .contains("K8S_KEY_FILE")
+        );
+        let k = cfg(&[
+            ("CALICO_DATASTORE_TYPE", "kubernetes"),
+            ("DATASTORE_TYPE", "etcdv3"),
+            ("K8S_API_TOKEN", "s3cret"),
+        ])
+        .unwrap();
+        assert_eq!(
+            k.datastore_type,
+            DatastoreType::Kubernetes,
+            "CALICO_ prefix wins"
+        );
+        assert!(
+            !format!("{k:?}").contains("s3cret"),
+            "Debug must redact the token"
         );
         assert!(
             cfg(&[("DATASTORE_TYPE", "mysql")])
@@ -378,6 +543,13 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("etcdEndpoint"), "{e}");
+        let c = DatastoreConfig::from_api_config(
+            "apiVersion: projectcalico.org/v3\nkind: CalicoAPIConfig\nmetadata: {}\nspec:\n  datastoreType: kubernetes\n  kubeconfig: /root/.kube/config\n  k8sInsecureSkipTLSVerify: true\n",
+        )
+        .unwrap();
+        assert_eq!(c.datastore_type, DatastoreType::Kubernetes);
+        assert_eq!(c.kube.kubeconfig, vec![PathBuf::from("/root/.kube/config")]);
+        assert!(c.kube.insecure_skip_tls_verify);
         let e = DatastoreConfig::from_api_config("apiVersion: v1\nkind: Config\n").unwrap_err();
         assert!(e.contains("CalicoAPIConfig"), "{e}");
     }

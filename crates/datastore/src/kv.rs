@@ -280,6 +280,73 @@ pub trait KvBackend: Send + Sync + 'static {
 
     /// The store's current revision (the revision of the latest write).
     fn revision(&self) -> impl Future<Output = Result<i64>> + Send;
+
+    /// Every live key under any of `prefixes`, as one listing: what a consumer of several
+    /// prefixes lists before [`KvBackend::watch_many`] with the listing's revision. Stores
+    /// with one global order (etcd, SQLite, mem) list the prefixes' common ancestor once; the
+    /// Kubernetes datastore lists only the API resources behind the prefixes.
+    fn list_many(&self, prefixes: &[String]) -> impl Future<Output = Result<ListResult>> + Send {
+        async move {
+            let mut listed = self.list(&common_prefix(prefixes)).await?;
+            listed
+                .kvs
+                .retain(|kv| prefixes.iter().any(|p| kv.key.starts_with(p.as_str())));
+            Ok(listed)
+        }
+    }
+
+    /// Watches every key under any of `prefixes` after `after_revision` (the revision of a
+    /// [`KvBackend::list_many`] of the same prefixes).
+    fn watch_many(
+        &self,
+        prefixes: &[String],
+        after_revision: i64,
+    ) -> impl Future<Output = Result<Watch>> + Send {
+        async move {
+            let mut inner = self.watch(&common_prefix(prefixes), after_revision).await?;
+            let prefixes = prefixes.to_vec();
+            let (tx, rx) = mpsc::channel(16);
+            let task = tokio::spawn(async move {
+                while let Some(item) = inner.next().await {
+                    let item = item.map(|events| {
+                        events
+                            .into_iter()
+                            .filter(|e| prefixes.iter().any(|p| e.key().starts_with(p.as_str())))
+                            .collect::<Vec<_>>()
+                    });
+                    if matches!(&item, Ok(events) if events.is_empty()) {
+                        continue;
+                    }
+                    let end = item.is_err();
+                    if tx.send(item).await.is_err() || end {
+                        return;
+                    }
+                }
+            });
+            Ok(Watch::new(rx, Some(task.abort_handle())))
+        }
+    }
+}
+
+/// The longest common prefix of `prefixes` ("" when there are none).
+pub fn common_prefix(prefixes: &[String]) -> String {
+    let Some(first) = prefixes.first() else {
+        return String::new();
+    };
+    let mut len = first.len();
+    for p in &prefixes[1..] {
+        len = first
+            .bytes()
+            .zip(p.bytes())
+            .take(len)
+            .take_while(|(a, b)| a == b)
+            .count();
+    }
+    // Back off to a character boundary.
+    while !first.is_char_boundary(len) {
+        len -= 1;
+    }
+    first[..len].to_string()
 }
 
 /// The exclusive end of the key range that starts with `prefix` (etcd's prefix range end).
@@ -315,6 +382,18 @@ pub(crate) fn conflict_or_missing(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn common_prefixes() {
+        let p = |v: &[&str]| common_prefix(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(
+            p(&["/calico/resources/v3/a/", "/calico/ipam/v2/x/"]),
+            "/calico/"
+        );
+        assert_eq!(p(&["/a/b/"]), "/a/b/");
+        assert_eq!(p(&[]), "");
+        assert_eq!(p(&["/é1", "/é2"]), "/é");
+    }
 
     #[test]
     fn prefix_ends() {

@@ -175,13 +175,7 @@ pub fn datastore_config(
     if set(ParamId::DatastoreType) {
         match c.datastore_type.as_str() {
             "etcdv3" => cfg.datastore_type = margay_datastore::DatastoreType::Etcd,
-            "kubernetes" => {
-                return Err(FelixError::Datastore(
-                    "DatastoreType kubernetes is not supported yet: use etcdv3 or the embedded \
-                     store (unset FELIX_DATASTORETYPE and set DATASTORE_TYPE=local)"
-                        .into(),
-                ));
-            }
+            "kubernetes" => cfg.datastore_type = margay_datastore::DatastoreType::Kubernetes,
             _ => {}
         }
     }
@@ -256,8 +250,15 @@ mod tests {
         ]);
         let c = datastore_config(&env, &l).unwrap();
         assert_eq!(c.etcd.endpoints, vec!["https://10.0.0.2:2379"]);
-        let (env, l) = local(&[("FELIX_DATASTORETYPE", "kubernetes")]);
-        let e = datastore_config(&env, &l).unwrap_err().to_string();
-        assert!(e.contains("not supported yet"), "{e}");
+        let (env, l) = local(&[
+            ("FELIX_DATASTORETYPE", "kubernetes"),
+            ("KUBECONFIG", "/etc/kube/config"),
+        ]);
+        let c = datastore_config(&env, &l).unwrap();
+        assert_eq!(
+            c.datastore_type,
+            margay_datastore::DatastoreType::Kubernetes
+        );
+        assert_eq!(c.kube.kubeconfig, vec![PathBuf::from("/etc/kube/config")]);
     }
 }

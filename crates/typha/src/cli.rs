@@ -12,8 +12,18 @@ use crate::config::DEFAULT_CONFIG_FILE;
 #[command(
     after_help = "Typha reads TYPHA_* variables (Calico's names: TYPHA_SERVERPORT, TYPHA_HEALTHENABLED, \
 TYPHA_SERVERKEYFILE, TYPHA_CLIENTCN, …) over /etc/calico/typha.cfg, and reaches the datastore like every \
-other role (DATASTORE_TYPE, DATASTORE_PATH, ETCD_ENDPOINTS, …). It serves clients on port 5473, health \
-on 9098 and metrics on 9093. SIGTERM moves every client to another Typha before it exits."
+other role (DATASTORE_TYPE, DATASTORE_PATH, ETCD_ENDPOINTS, KUBECONFIG, …). It serves clients on port \
+5473, health on 9098 and metrics on 9093. SIGTERM moves every client to another Typha before it exits.
+
+Connection limit: over it, clients are asked to move to another Typha. TYPHA_MAXCONNECTIONS fixes it \
+(margay's); otherwise TYPHA_CONNECTIONREBALANCINGMODE=kubernetes recomputes it every \
+TYPHA_K8SSERVICEPOLLINTERVALSECS (30) with Calico's formula from the Typhas in its own Service (the \
+EndpointSlices of TYPHA_K8SSERVICENAME, default calico-typha, in TYPHA_K8SNAMESPACE, default \
+kube-system, with a port named TYPHA_K8SPORTNAME, default calico-typha; reached with the datastore's \
+Kubernetes settings, or in-cluster) and the nodes its syncer sees, between \
+TYPHA_MAXCONNECTIONSLOWERLIMIT (400) and TYPHA_MAXCONNECTIONSUPPERLIMIT (10000). The default mode, \
+none, uses TYPHA_CLUSTERNODES and TYPHA_REPLICAS (margay's) when both are known, else the upper \
+limit. Felix and confd find Typha through the same Service with FELIX_TYPHAK8SSERVICENAME."
 )]
 pub struct TyphaArgs {
     /// The config file (INI; missing is fine).

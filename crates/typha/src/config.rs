@@ -18,6 +18,27 @@ pub struct ConfigError {
     pub reason: String,
 }
 
+/// How the connection limit is decided (Calico's ConnectionRebalancingMode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RebalancingMode {
+    /// Fixed at start-up: MaxConnections, or Calico's formula over ClusterNodes/Replicas,
+    /// else the upper limit.
+    #[default]
+    None,
+    /// Recomputed every K8sServicePollIntervalSecs from the Typhas in Typha's Service and the
+    /// nodes its syncer sees.
+    Kubernetes,
+}
+
+impl RebalancingMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            RebalancingMode::None => "none",
+            RebalancingMode::Kubernetes => "kubernetes",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct TyphaConfig {
     pub log_severity_screen: String,
@@ -47,7 +68,17 @@ pub struct TyphaConfig {
     pub shutdown_timeout: Duration,
     pub max_connections_upper_limit: usize,
     pub max_connections_lower_limit: usize,
-    /// margay: a fixed connection limit (0: Calico's formula when the cluster size is known,
+    /// ConnectionRebalancingMode: `none` or `kubernetes`.
+    pub connection_rebalancing_mode: RebalancingMode,
+    /// K8sServicePollIntervalSecs: how often the kubernetes mode recomputes the limit.
+    pub k8s_service_poll_interval: Duration,
+    /// K8sServiceName, K8sNamespace, K8sPortName: Typha's own Service and port, whose
+    /// EndpointSlices the kubernetes mode counts.
+    pub k8s_service_name: String,
+    pub k8s_namespace: String,
+    pub k8s_port_name: String,
+    /// margay: a fixed connection limit; wins over every other way of deciding it (0: Calico's
+    /// formula: from Kubernetes in the kubernetes mode, else when the cluster size is known,
     /// else the upper limit).
     pub max_connections: usize,
     /// margay: nodes in the cluster, for Calico's formula (0: unknown).
@@ -92,6 +123,11 @@ impl Default for TyphaConfig {
             shutdown_timeout: Duration::from_secs(300),
             max_connections_upper_limit: 10_000,
             max_connections_lower_limit: 400,
+            connection_rebalancing_mode: RebalancingMode::None,
+            k8s_service_poll_interval: Duration::from_secs(30),
+            k8s_service_name: crate::discovery::DEFAULT_SERVICE_NAME.into(),
+            k8s_namespace: crate::discovery::DEFAULT_NAMESPACE.into(),
+            k8s_port_name: crate::discovery::DEFAULT_PORT_NAME.into(),
             max_connections: 0,
             cluster_nodes: 0,
             typha_replicas: 0,
@@ -103,7 +139,7 @@ impl Default for TyphaConfig {
 }
 
 /// Calico's connection limit: max(lower, syncerTypes × (1 + nodes×120/(typhas−1)/100)),
-/// capped at `upper`. With one Typha (or an unknown size) the limit is `upper`.
+/// capped at `upper`. With one Typha (or an unknown size: no nodes) the limit is `upper`.
 pub fn connection_limit(
     syncer_types: usize,
     nodes: usize,
@@ -111,18 +147,56 @@ pub fn connection_limit(
     lower: usize,
     upper: usize,
 ) -> usize {
-    if nodes == 0 || typhas <= 1 {
+    if nodes == 0 {
         return upper;
     }
-    let per_type = 1 + nodes * 120 / (typhas - 1) / 100;
-    (syncer_types * per_type).max(lower).min(upper)
+    rebalanced_limit(syncer_types, Some(nodes), Some(typhas), lower, upper).0
+}
+
+/// Calico's limit from what the Kubernetes poll found, and why (for the log). `None` where it
+/// could not be found out (an API error; a syncer not yet in sync): the upper limit. One Typha
+/// or none: the upper limit. Otherwise the fair share of the connections
+/// (`syncer_types` per node) among the other Typhas, as if one were gone, plus 20%, at least
+/// `lower` and at most `upper`; the arithmetic is Calico's (integer division, in this order).
+///
+/// `syncer_types` is the number of connections a node opens: one per syncer type. Calico
+/// passes 4, every type it has, since each calico-node opens one of each; margay's nodes open
+/// one per type Typha serves (felix and bgp), and counting 4 would let every Typha take twice
+/// its share before rebalancing started.
+pub fn rebalanced_limit(
+    syncer_types: usize,
+    nodes: Option<usize>,
+    typhas: Option<usize>,
+    lower: usize,
+    upper: usize,
+) -> (usize, &'static str) {
+    let (Some(nodes), Some(typhas)) = (nodes, typhas) else {
+        return (upper, "cluster size unknown");
+    };
+    if typhas <= 1 {
+        return (upper, "lone Typha");
+    }
+    // Saturating: ClusterNodes comes from configuration, and no value may panic.
+    let per_type = nodes.saturating_mul(120) / (typhas - 1) / 100 + 1;
+    let candidate = syncer_types.saturating_mul(per_type);
+    if candidate > upper {
+        (upper, "configured upper limit")
+    } else if candidate > lower {
+        (candidate, "fair share + 20%")
+    } else {
+        (lower.min(upper), "configured lower limit")
+    }
 }
 
 impl TyphaConfig {
-    /// The connection limit in force.
+    /// The connection limit at start-up (in the kubernetes mode the poll changes it later,
+    /// starting from the upper limit, as Calico does).
     pub fn connection_limit(&self) -> usize {
         if self.max_connections > 0 {
             return self.max_connections;
+        }
+        if self.connection_rebalancing_mode == RebalancingMode::Kubernetes {
+            return self.max_connections_upper_limit;
         }
         connection_limit(
             self.syncer_types.len(),
@@ -266,6 +340,31 @@ impl TyphaConfig {
                 self.max_connections_lower_limit = num("MaxConnectionsLowerLimit", v, 1)?
             }
             "maxconnections" => self.max_connections = num("MaxConnections", v, 0)?,
+            "connectionrebalancingmode" => {
+                self.connection_rebalancing_mode = match v.trim().to_ascii_lowercase().as_str() {
+                    "none" => RebalancingMode::None,
+                    "kubernetes" => RebalancingMode::Kubernetes,
+                    _ => {
+                        return Err((
+                            "ConnectionRebalancingMode",
+                            "expected none or kubernetes".into(),
+                        ));
+                    }
+                }
+            }
+            "k8sservicepollintervalsecs" => {
+                let d = secs("K8sServicePollIntervalSecs", v)?;
+                if d.is_zero() {
+                    return Err((
+                        "K8sServicePollIntervalSecs",
+                        "expected a number of seconds greater than 0".into(),
+                    ));
+                }
+                self.k8s_service_poll_interval = d;
+            }
+            "k8sservicename" => self.k8s_service_name = v.trim().to_string(),
+            "k8snamespace" => self.k8s_namespace = v.trim().to_string(),
+            "k8sportname" => self.k8s_port_name = v.trim().to_string(),
             "clusternodes" => self.cluster_nodes = num("ClusterNodes", v, 0)?,
             "replicas" => self.typha_replicas = num("Replicas", v, 0)?,
             "migrationgracesecs" => self.migration_grace = secs("MigrationGraceSecs", v)?,
@@ -415,5 +514,95 @@ mod tests {
         assert_eq!(connection_limit(2, 10, 3, 400, 10_000), 400);
         assert_eq!(connection_limit(2, 100_000, 3, 400, 10_000), 10_000);
         assert_eq!(connection_limit(2, 1000, 1, 400, 10_000), 10_000);
+        // Configuration cannot make it overflow.
+        assert_eq!(connection_limit(2, usize::MAX, 3, 400, 10_000), 10_000);
+    }
+
+    #[test]
+    fn rebalanced_limit_table() {
+        // (syncer types, nodes, typhas, lower, upper) → limit, as Calico computes it.
+        type Case = (usize, Option<usize>, Option<usize>, usize, usize, usize);
+        let cases: &[Case] = &[
+            // Unknown (API error, syncer not in sync): the upper limit.
+            (2, None, Some(3), 400, 10_000, 10_000),
+            (2, Some(1000), None, 400, 10_000, 10_000),
+            // One Typha, or none in the service: the upper limit.
+            (2, Some(1000), Some(1), 400, 10_000, 10_000),
+            (2, Some(1000), Some(0), 400, 10_000, 10_000),
+            // Calico's own examples of the formula: 4 × (1 + 1000×120/2/100) = 2404.
+            (4, Some(1000), Some(3), 400, 10_000, 2404),
+            (2, Some(1000), Some(3), 400, 10_000, 1202),
+            // Integer maths in Calico's order: 2 × (1 + 3×120/1/100) = 2 × 4.
+            (2, Some(3), Some(2), 1, 10_000, 8),
+            (2, Some(3), Some(3), 1, 10_000, 4),
+            // No nodes yet (but known): the lower limit.
+            (2, Some(0), Some(3), 400, 10_000, 400),
+            (2, Some(0), Some(3), 1, 10_000, 2),
+            // Clamped.
+            (2, Some(1_000_000), Some(2), 400, 10_000, 10_000),
+            (2, Some(10), Some(3), 400, 10_000, 400),
+            (2, Some(10), Some(3), 500, 300, 300),
+        ];
+        for &(s, n, t, lower, upper, want) in cases {
+            assert_eq!(
+                rebalanced_limit(s, n, t, lower, upper).0,
+                want,
+                "S={s} N={n:?} T={t:?} [{lower}, {upper}]"
+            );
+        }
+    }
+
+    #[test]
+    fn rebalancing_settings() {
+        let c = TyphaConfig::load(&BTreeMap::new(), None).unwrap();
+        assert_eq!(c.connection_rebalancing_mode, RebalancingMode::None);
+        assert_eq!(c.k8s_service_poll_interval, Duration::from_secs(30));
+        assert_eq!(
+            (
+                c.k8s_service_name.as_str(),
+                c.k8s_namespace.as_str(),
+                c.k8s_port_name.as_str()
+            ),
+            ("calico-typha", "kube-system", "calico-typha")
+        );
+        let file = "[global]\nConnectionRebalancingMode = Kubernetes\nK8sServiceName = typha\n";
+        let c = TyphaConfig::load(
+            &env(&[
+                ("TYPHA_K8SSERVICEPOLLINTERVALSECS", "2.5"),
+                ("TYPHA_K8SNAMESPACE", "calico-system"),
+                ("TYPHA_K8SPORTNAME", "typha-port"),
+                ("TYPHA_MAXCONNECTIONSUPPERLIMIT", "5000"),
+            ]),
+            Some(file),
+        )
+        .unwrap();
+        assert_eq!(c.connection_rebalancing_mode, RebalancingMode::Kubernetes);
+        assert_eq!(c.k8s_service_poll_interval, Duration::from_millis(2500));
+        assert_eq!(c.k8s_service_name, "typha");
+        assert_eq!(c.k8s_namespace, "calico-system");
+        assert_eq!(c.k8s_port_name, "typha-port");
+        // The kubernetes mode starts from the upper limit; MaxConnections still wins.
+        assert_eq!(c.connection_limit(), 5000);
+        let c = TyphaConfig::load(
+            &env(&[
+                ("TYPHA_CONNECTIONREBALANCINGMODE", "kubernetes"),
+                ("TYPHA_MAXCONNECTIONS", "7"),
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.connection_limit(), 7);
+
+        let e = TyphaConfig::load(&env(&[("TYPHA_CONNECTIONREBALANCINGMODE", "k8s")]), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ConnectionRebalancingMode") && e.contains("none or kubernetes"),
+            "{e}"
+        );
+        let e = TyphaConfig::load(&env(&[("TYPHA_K8SSERVICEPOLLINTERVALSECS", "0")]), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("K8sServicePollIntervalSecs"), "{e}");
     }
 }

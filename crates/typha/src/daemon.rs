@@ -13,7 +13,8 @@ use margay_datastore::{DatastoreConfig, SyncStatus};
 use tokio::sync::watch;
 
 use crate::cache::{Cache, CacheReader};
-use crate::config::TyphaConfig;
+use crate::config::{RebalancingMode, TyphaConfig};
+use crate::discovery::{RebalanceSettings, run_rebalancer};
 use crate::http::{self, Handler, Response};
 use crate::server::{Server, ServerOptions};
 use crate::syncers::SyncerType;
@@ -195,14 +196,20 @@ pub async fn run_async(opts: DaemonOptions) -> u8 {
         .iter()
         .map(|(t, p)| (*t, p.reader.clone()))
         .collect();
-    let server = Server::new(ServerOptions::from_config(&config, server_id), caches, tls);
+    let server = Server::new(
+        ServerOptions::from_config(&config, server_id),
+        caches.clone(),
+        tls,
+    );
     tracing::info!(
         addr = %local,
         syncer_types = ?config.syncer_types,
-        connection_limit = server.options().connection_limit,
+        connection_limit = server.connection_limit(),
+        rebalancing = config.connection_rebalancing_mode.name(),
         "Typha listening for clients"
     );
     let serve = tokio::spawn(server.clone().serve(listener, stop_rx.clone()));
+    let _rebalancer = start_rebalancing(&config, &server, &caches, &ds.kube);
 
     let pipelines = Arc::new(pipelines);
     let mut side = Vec::new();
@@ -265,6 +272,42 @@ pub async fn run_async(opts: DaemonOptions) -> u8 {
         s.abort();
     }
     0
+}
+
+/// TYPHA_CONNECTIONREBALANCINGMODE=kubernetes: the poll that keeps the server's connection
+/// limit in step with the Typhas in the Service and the nodes the syncer sees (the felix
+/// syncer's Nodes, or the bgp syncer's when felix is not served). None when the mode is off,
+/// or when MaxConnections fixes the limit.
+fn start_rebalancing(
+    config: &TyphaConfig,
+    server: &Arc<Server>,
+    caches: &HashMap<SyncerType, CacheReader>,
+    kube: &margay_datastore::KubeSettings,
+) -> Option<AbortOnDrop> {
+    if config.connection_rebalancing_mode != RebalancingMode::Kubernetes {
+        return None;
+    }
+    if config.max_connections > 0 {
+        tracing::info!(
+            max_connections = config.max_connections,
+            "MaxConnections fixes the connection limit; not polling Kubernetes for it"
+        );
+        return None;
+    }
+    let Some(nodes) = caches
+        .get(&SyncerType::Felix)
+        .or_else(|| caches.get(&SyncerType::Bgp))
+        .cloned()
+    else {
+        tracing::warn!("no syncer serves Nodes; the connection limit stays at the upper limit");
+        return None;
+    };
+    Some(AbortOnDrop(tokio::spawn(run_rebalancer(
+        server.clone(),
+        kube.clone(),
+        nodes,
+        RebalanceSettings::from_config(config),
+    ))))
 }
 
 /// A Typha inside this process (tests, benchmarks): the pipelines and the server on the
@@ -496,7 +539,7 @@ fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) ->
     let _ = writeln!(
         out,
         "# HELP typha_connection_limit Connections above which clients are asked to migrate.\n# TYPE typha_connection_limit gauge\ntypha_connection_limit {}",
-        server.options().connection_limit
+        server.connection_limit()
     );
     let mut types: Vec<_> = pipelines.keys().copied().collect();
     types.sort();

@@ -5,6 +5,9 @@
 //!   [`syncers`] (what each syncer type carries).
 //! - Edge: [`upstream`] (datastore → validation filter → cache), [`server`], [`client`],
 //!   [`tls`], [`wire`] (frames on sockets), [`daemon`] (`margay typha`), [`bench`].
+//! - [`discovery`]: Typha in Kubernetes — clients finding Typha through its Service's
+//!   EndpointSlices and the connection limit following them (the choice and the counts are
+//!   pure, the lookups are the edge).
 //!
 //! See `DESIGN.md` and `PROTOCOL.md` in this crate.
 #![forbid(unsafe_code)]
@@ -16,6 +19,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod dedupe;
+pub mod discovery;
 pub mod http;
 pub mod proto;
 pub mod server;

@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -45,6 +45,8 @@ pub struct ServerOptions {
     pub max_fall_behind: Duration,
     pub new_client_grace: Duration,
     pub max_inbound: usize,
+    /// The connection limit at start; [`Server::set_connection_limit`] changes it while
+    /// running (TYPHA_CONNECTIONREBALANCINGMODE=kubernetes).
     pub connection_limit: usize,
     pub migration_grace: Duration,
     pub drop_interval: Duration,
@@ -125,6 +127,8 @@ pub struct Server {
     next_id: AtomicU64,
     /// Per (syncer type, compressed): the crumb whose snapshot was computed last.
     snapshot_base: Mutex<HashMap<(SyncerType, bool), Arc<Crumb>>>,
+    /// The connection limit in force (see `ServerOptions::connection_limit`).
+    limit: AtomicUsize,
     shutting_down: AtomicBool,
     pub stats: ServerStats,
 }
@@ -147,6 +151,7 @@ impl Server {
         tls: Option<ServerTls>,
     ) -> Arc<Server> {
         Arc::new(Server {
+            limit: AtomicUsize::new(opts.connection_limit),
             opts,
             caches,
             tls,
@@ -160,6 +165,16 @@ impl Server {
 
     pub fn options(&self) -> &ServerOptions {
         &self.opts
+    }
+
+    /// The connection limit in force: over it, clients are asked to migrate.
+    pub fn connection_limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Changes the connection limit; the next housekeeping round acts on it.
+    pub fn set_connection_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Relaxed);
     }
 
     /// Connected clients.
@@ -214,13 +229,14 @@ impl Server {
             if self.shutting_down.load(Ordering::Relaxed) {
                 continue;
             }
+            let limit = self.connection_limit();
             let mut conns = lock(&self.conns);
             let unasked: Vec<u64> = conns
                 .iter()
                 .filter(|(_, c)| !c.asked)
                 .map(|(id, _)| *id)
                 .collect();
-            if unasked.len() > self.opts.connection_limit {
+            if unasked.len() > limit {
                 // xorshift: a pseudo-random victim, as Calico drops a random connection.
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
@@ -234,9 +250,8 @@ impl Server {
                     let cmd = if c.can_migrate {
                         Command::Migrate {
                             reason: format!(
-                                "this Typha has {} connections, over its limit of {}",
+                                "this Typha has {} connections, over its limit of {limit}",
                                 unasked.len(),
-                                self.opts.connection_limit
                             ),
                         }
                     } else {
@@ -419,7 +434,7 @@ impl Server {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let full = {
             let mut conns = lock(&self.conns);
-            let full = migrating && conns.len() >= self.opts.connection_limit;
+            let full = migrating && conns.len() >= self.connection_limit();
             if !full {
                 conns.insert(
                     id,
@@ -438,7 +453,7 @@ impl Server {
             tracing::info!(%peer, host = %hello.hostname, "refusing a migrating client: this Typha is at its connection limit too");
             let msg = format!(
                 "this Typha is at its connection limit ({}); try another",
-                self.opts.connection_limit
+                self.connection_limit()
             );
             self.refuse(&mut wr, codes::FULL, msg).await;
             return;

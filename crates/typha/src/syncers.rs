@@ -35,9 +35,6 @@ pub const BGP_KINDS: &[Kind] = &[
 pub const IPAM_BLOCKS_PREFIX: &str = "/calico/ipam/v2/assignment/";
 /// Where the IPAM block affinities live.
 pub const IPAM_AFFINITIES_PREFIX: &str = "/calico/ipam/v2/host/";
-/// The one prefix each pipeline lists and watches (a single list + watch gives one revision
-/// order, which is what makes `as_of` meaningful).
-pub const WATCH_PREFIX: &str = "/calico/";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SyncerType {
@@ -86,6 +83,20 @@ impl SyncerType {
         }
     }
 
+    /// The key prefixes a pipeline lists and watches: each kind's and the raw one. etcd and the
+    /// embedded store serve them as one list + watch of their common prefix (one revision
+    /// order, which is what makes `as_of` meaningful); the Kubernetes datastore watches only
+    /// the API resources behind them.
+    pub fn watch_prefixes(self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .kinds()
+            .iter()
+            .map(|k| margay_datastore::keys::kind_prefix(*k, None, ""))
+            .collect();
+        v.push(self.raw_prefix().to_string());
+        v
+    }
+
     /// Whether this syncer type carries `key`, and as what.
     pub fn classify(self, key: &str) -> Option<KeyClass> {
         if key.starts_with(self.raw_prefix()) {
@@ -126,5 +137,20 @@ mod tests {
         assert_eq!(SyncerType::Bgp.classify(aff), Some(KeyClass::Raw));
         assert_eq!(SyncerType::Felix.classify("/calico/ipam/v2/handle/x"), None);
         assert_eq!(SyncerType::Felix.classify("/calico/felix/v2/x"), None);
+    }
+
+    #[test]
+    fn watch_prefixes_cover_what_is_classified() {
+        for ty in SyncerType::ALL {
+            let prefixes = ty.watch_prefixes();
+            assert_eq!(margay_datastore::kv::common_prefix(&prefixes), "/calico/");
+            for k in ty.kinds() {
+                let key = margay_datastore::keys::kind_prefix(*k, None, "x");
+                assert!(
+                    prefixes.iter().any(|p| key.starts_with(p.as_str())),
+                    "{key}"
+                );
+            }
+        }
     }
 }

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use margay_datastore::{KeyValue, KvBackend, KvEvent, SyncStatus};
 
 use crate::cache::Cache;
-use crate::syncers::{KeyClass, SyncerType, WATCH_PREFIX};
+use crate::syncers::{KeyClass, SyncerType};
 
 /// Counters of one pipeline.
 #[derive(Debug, Default)]
@@ -96,9 +96,10 @@ pub async fn run<B: KvBackend>(
     let mut delay = Duration::from_millis(200);
     let mut last_publish = Instant::now();
     cache.set_status(SyncStatus::WaitForDatastore, 0);
+    let prefixes = ty.watch_prefixes();
     loop {
         stats.lists.fetch_add(1, Ordering::Relaxed);
-        let listed = match backend.list(WATCH_PREFIX).await {
+        let listed = match backend.list_many(&prefixes).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(syncer = %ty, error = %e, "listing the datastore failed; retrying in {delay:?}");
@@ -138,7 +139,7 @@ pub async fn run<B: KvBackend>(
         publish(&mut cache, &stats, &mut last_publish);
         tracing::info!(syncer = %ty, keys = cache.len(), revision = listed.revision, "Listed the datastore; in sync");
 
-        let mut watch = match backend.watch(WATCH_PREFIX, listed.revision).await {
+        let mut watch = match backend.watch_many(&prefixes, listed.revision).await {
             Ok(w) => w,
             Err(e) => {
                 stats.watch_errors.fetch_add(1, Ordering::Relaxed);

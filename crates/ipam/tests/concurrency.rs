@@ -1,5 +1,7 @@
-//! Against real etcd: 8 processes × 200 concurrent assignments, on one host and on four
-//! hosts. Zero duplicates, zero leaks, every handle accounted for.
+//! 8 processes × 200 concurrent assignments, on one host and on four hosts, against real etcd
+//! and against the Kubernetes datastore (margay's API-server double: blocks, affinities and
+//! handles as Calico's custom resources, every write conditional on a resourceVersion). Zero
+//! duplicates, zero leaks, every handle accounted for.
 //!
 //! The worker processes are this test binary re-executed with `IPAM_WORKER` set (see
 //! `worker`), so no extra binary is needed.
@@ -13,14 +15,16 @@ use std::time::{Duration, Instant};
 
 use margay_api::ippool::IPPoolSpec;
 use margay_api::{IPPool, ObjectMeta, Resource};
-use margay_datastore::Client;
 use margay_datastore::config::EtcdConfig;
-use margay_datastore::etcd::EtcdBackend;
+use margay_datastore::{AnyBackend, Client, DatastoreConfig, DatastoreType, KubeSettings};
 use margay_ipam::{AssignArgs, HostLock, Ipam, Users, check};
 use margay_testkit::etcd::EtcdServer;
 
 const PROCESSES: usize = 8;
-const PER_PROCESS: usize = 200;
+/// Assignments per process: against etcd, and against the API double (every request of the
+/// Kubernetes datastore goes through the double and kube-rs, unoptimised in test builds).
+const PER_PROCESS_ETCD: usize = 200;
+const PER_PROCESS_KUBE: usize = 50;
 
 /// Kills the workers if the test fails midway.
 struct Workers(Vec<Child>);
@@ -34,16 +38,30 @@ impl Drop for Workers {
     }
 }
 
-async fn backend(endpoint: &str) -> EtcdBackend {
-    EtcdBackend::connect(&EtcdConfig {
-        endpoints: vec![endpoint.to_string()],
-        ..EtcdConfig::default()
-    })
-    .await
-    .unwrap()
+/// `etcd=<endpoint>` or `kube=<kubeconfig path>`.
+async fn backend(store: &str) -> AnyBackend {
+    let mut cfg = DatastoreConfig::default();
+    match store.split_once('=') {
+        Some(("etcd", endpoint)) => {
+            cfg.datastore_type = DatastoreType::Etcd;
+            cfg.etcd = EtcdConfig {
+                endpoints: vec![endpoint.to_string()],
+                ..EtcdConfig::default()
+            };
+        }
+        Some(("kube", kubeconfig)) => {
+            cfg.datastore_type = DatastoreType::Kubernetes;
+            cfg.kube = KubeSettings {
+                kubeconfig: vec![kubeconfig.into()],
+                ..KubeSettings::default()
+            };
+        }
+        _ => panic!("bad store {store}"),
+    }
+    cfg.connect().await.unwrap()
 }
 
-/// Run by the re-executed binary: `PER_PROCESS` concurrent assignments; prints
+/// Run by the re-executed binary: `PER_PROCESS_*` concurrent assignments; prints
 /// `handle ip` lines.
 #[test]
 #[ignore = "worker process for the concurrency tests"]
@@ -56,6 +74,11 @@ fn worker() {
     let host = parts.next().unwrap().to_string();
     let proc_id = parts.next().unwrap().to_string();
     let lock_path = parts.next().unwrap().to_string();
+    let per_process = if endpoint.starts_with("kube=") {
+        PER_PROCESS_KUBE
+    } else {
+        PER_PROCESS_ETCD
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -66,7 +89,7 @@ fn worker() {
             Ipam::new(backend(&endpoint).await).with_host_lock(Arc::new(HostLock::new(lock_path))),
         );
         let mut tasks = Vec::new();
-        for i in 0..PER_PROCESS {
+        for i in 0..per_process {
             let ipam = ipam.clone();
             let host = host.clone();
             let handle = format!("k8s-pod-network.p{proc_id}-{i}");
@@ -84,7 +107,7 @@ fn worker() {
     });
 }
 
-fn run_workers(endpoint: &str, hosts: usize, dir: &std::path::Path) -> BTreeMap<String, IpAddr> {
+fn run_workers(store: &str, hosts: usize, dir: &std::path::Path) -> BTreeMap<String, IpAddr> {
     let exe = std::env::current_exe().unwrap();
     let mut workers = Workers(Vec::new());
     for p in 0..PROCESSES {
@@ -100,7 +123,7 @@ fn run_workers(endpoint: &str, hosts: usize, dir: &std::path::Path) -> BTreeMap<
             ])
             .env(
                 "IPAM_WORKER",
-                format!("{endpoint},{host},{p},{}", lock.display()),
+                format!("{store},{host},{p},{}", lock.display()),
             )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -135,9 +158,40 @@ fn run_workers(endpoint: &str, hosts: usize, dir: &std::path::Path) -> BTreeMap<
     assigned
 }
 
-async fn scenario(hosts: usize) {
-    let server = EtcdServer::start().unwrap();
-    let kv = backend(&server.endpoint()).await;
+/// A datastore for a scenario, alive as long as the value.
+enum Store {
+    Etcd(EtcdServer),
+    Kube(margay_apiserver::ApiServer, TempDir),
+}
+
+impl Store {
+    fn etcd() -> Store {
+        Store::Etcd(EtcdServer::start().unwrap())
+    }
+
+    fn kube() -> Store {
+        let api = margay_apiserver::ApiServer::start(margay_apiserver::ServerOptions {
+            calico_crds: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let dir = tempfile_dir();
+        api.write_kubeconfig(&dir.path().join("kubeconfig"))
+            .unwrap();
+        Store::Kube(api, dir)
+    }
+
+    fn spec(&self) -> String {
+        match self {
+            Store::Etcd(s) => format!("etcd={}", s.endpoint()),
+            Store::Kube(_, dir) => format!("kube={}", dir.path().join("kubeconfig").display()),
+        }
+    }
+}
+
+async fn scenario(store: Store, hosts: usize) {
+    let spec = store.spec();
+    let kv = backend(&spec).await;
     Client::new(kv.clone())
         .create(Resource::from(IPPool::new(
             ObjectMeta::named("pool"),
@@ -150,23 +204,28 @@ async fn scenario(hosts: usize) {
         .await
         .unwrap();
     let dir = tempfile_dir();
-    let endpoint = server.endpoint();
     let started = Instant::now();
+    let worker_spec = spec.clone();
     let assigned = tokio::task::spawn_blocking(move || {
-        let a = run_workers(&endpoint, hosts, dir.path());
+        let a = run_workers(&worker_spec, hosts, dir.path());
         drop(dir);
         a
     })
     .await
     .unwrap();
     eprintln!(
-        "{} assignments by {PROCESSES} processes on {hosts} host(s) in {:?}",
+        "{} assignments by {PROCESSES} processes on {hosts} host(s) in {:?} ({})",
         assigned.len(),
-        started.elapsed()
+        started.elapsed(),
+        spec.split('=').next().unwrap_or_default()
     );
+    let per_process = match store {
+        Store::Etcd(_) => PER_PROCESS_ETCD,
+        Store::Kube(..) => PER_PROCESS_KUBE,
+    };
     assert_eq!(
         assigned.len(),
-        PROCESSES * PER_PROCESS,
+        PROCESSES * per_process,
         "every assignment answered"
     );
     let distinct: BTreeSet<&IpAddr> = assigned.values().collect();
@@ -211,7 +270,7 @@ async fn scenario(hosts: usize) {
     // Release everything concurrently (each host's releases serialised by its host lock,
     // as CNI DELs are): nothing left.
     let lock_dir = tempfile_dir();
-    let per_host: Vec<Arc<Ipam<EtcdBackend>>> = (0..hosts)
+    let per_host: Vec<Arc<Ipam<AnyBackend>>> = (0..hosts)
         .map(|h| {
             Arc::new(
                 Ipam::new(ipam.backend().clone()).with_host_lock(Arc::new(HostLock::new(
@@ -265,11 +324,21 @@ impl Drop for TempDir {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn eight_processes_on_one_host() {
-    scenario(1).await;
+async fn etcd_eight_processes_on_one_host() {
+    scenario(Store::etcd(), 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn eight_processes_on_four_hosts() {
-    scenario(4).await;
+async fn etcd_eight_processes_on_four_hosts() {
+    scenario(Store::etcd(), 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubernetes_eight_processes_on_one_host() {
+    scenario(Store::kube(), 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubernetes_eight_processes_on_four_hosts() {
+    scenario(Store::kube(), 4).await;
 }
