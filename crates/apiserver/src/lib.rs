@@ -440,7 +440,7 @@ impl StoreHandle {
     }
 
     /// Creates every object of a YAML or JSON text (multi-document YAML, and `List` kinds),
-    /// routing each by apiVersion and kind; CRDs first so their resources exist. Returns how
+    /// routing each by apiVersion and kind; CRDs first, then namespaces, then the rest. Returns how
     /// many were created.
     pub fn load(&self, text: &str) -> Result<usize, Error> {
         let mut objs = Vec::new();
@@ -468,8 +468,11 @@ impl StoreHandle {
                 _ => flat.push(o),
             }
         }
-        flat.sort_by_key(|o| {
-            o.get("kind").and_then(Value::as_str) != Some("CustomResourceDefinition")
+        // CRDs first (their resources must exist), then namespaces (their objects need them).
+        flat.sort_by_key(|o| match o.get("kind").and_then(Value::as_str) {
+            Some("CustomResourceDefinition") => 0,
+            Some("Namespace") => 1,
+            _ => 2,
         });
         let mut n = 0;
         for o in flat {

@@ -857,7 +857,7 @@ impl State {
                 vec![Cause {
                     reason: "FieldValueInvalid",
                     field: "metadata.resourceVersion".into(),
-                    message: "Invalid value: 0: must be specified for an update".into(),
+                    message: "Invalid value: 0x0: must be specified for an update".into(),
                 }],
             ));
         }
@@ -1266,13 +1266,15 @@ impl State {
 
     /// The state of one resource at revision `at` for keys after `start`: current objects,
     /// with everything written after `at` undone from the history.
-    fn snapshot_iter(
+    /// Calls `f` for each object in key order until it returns false.
+    fn snapshot_for_each(
         &self,
         c: &Collection,
         at: u64,
         start: Option<&Key>,
         ns: Option<&str>,
-    ) -> Vec<(Key, Obj)> {
+        f: &mut dyn FnMut(&Key, &Obj) -> bool,
+    ) {
         let mut overrides: BTreeMap<Key, Option<Obj>> = BTreeMap::new();
         if at < self.rv {
             let first = self.history.front().map_or(self.rv + 1, |e| e.rv);
@@ -1291,7 +1293,6 @@ impl State {
             (None, None) => std::ops::Bound::Unbounded,
         };
         let in_ns = |k: &Key| ns.is_none_or(|n| k.0 == n);
-        let mut out = Vec::new();
         let mut cur = c
             .objects
             .range((lower.clone(), std::ops::Bound::Unbounded))
@@ -1313,8 +1314,8 @@ impl State {
                     {
                         break;
                     }
-                    if in_ns(k) {
-                        out.push((k.clone(), o.clone()));
+                    if in_ns(k) && !f(k, o) {
+                        break;
                     }
                 }
             } else if let Some((k, o)) = ovr.next() {
@@ -1326,12 +1327,13 @@ impl State {
                 {
                     break;
                 }
-                if let (true, Some(o)) = (in_ns(k), o) {
-                    out.push((k.clone(), o.clone()));
+                if let (true, Some(o)) = (in_ns(k), o)
+                    && !f(k, o)
+                {
+                    break;
                 }
             }
         }
-        out
     }
 
     pub fn list(&self, key: &str, q: &ListQuery) -> Result<ListResult, ApiError> {
@@ -1363,32 +1365,39 @@ impl State {
         let ns =
             q.ns.as_deref()
                 .filter(|n| !n.is_empty() && c.def.namespaced);
-        let all = self.snapshot_iter(c, at, start.as_ref(), ns);
         let matches = |o: &Obj| q.label.matches(&o.value) && q.field.matches(&o.value);
         let limit = q.limit.filter(|l| *l > 0);
-        let mut items = Vec::new();
-        let mut cont = None;
-        let mut remaining = None;
-        for (i, (k, o)) in all.iter().enumerate() {
+        let unfiltered = q.label.is_empty() && q.field.is_empty();
+        let mut items: Vec<Obj> = Vec::new();
+        let mut last: Option<Key> = None;
+        let mut full = false;
+        let mut more: u64 = 0;
+        self.snapshot_for_each(c, at, start.as_ref(), ns, &mut |k, o| {
+            if full {
+                // Past a full page: count what is left (only reported without selectors).
+                more += 1;
+                return unfiltered;
+            }
             if !matches(o) {
-                continue;
+                return true;
             }
             if limit.is_some_and(|l| items.len() >= l) {
-                if let Some((lk, _)) = items
-                    .last()
-                    .map(|(k, o): &(Key, Obj)| (k.clone(), o.clone()))
-                {
-                    cont = Some(encode_continue(at, &lk));
-                }
-                if q.label.is_empty() && q.field.is_empty() {
-                    remaining = Some((all.len() - i) as u64);
-                }
-                break;
+                full = true;
+                more = 1;
+                return unfiltered;
             }
-            items.push((k.clone(), o.clone()));
-        }
+            items.push(o.clone());
+            last = Some(k.clone());
+            true
+        });
+        let cont = if full {
+            last.as_ref().map(|k| encode_continue(at, k))
+        } else {
+            None
+        };
+        let remaining = (full && unfiltered).then_some(more);
         Ok(ListResult {
-            items: items.into_iter().map(|(_, o)| o).collect(),
+            items,
             rv: at,
             cont,
             remaining,

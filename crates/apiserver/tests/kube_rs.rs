@@ -116,9 +116,10 @@ async fn reflector_follows_writes_compaction_closed_watches_and_restart() {
     s.delete(Gvr::core("pods"), "default", "p4").unwrap();
     converges(&s, &reader, "after writes").await;
 
-    // Compaction: the store moves on (other resources), is compacted, and the watch is cut.
-    // The re-watch from the pod watcher's revision gets 410 Expired and it lists again.
+    // Compaction: while the watcher is cut off (server stopped), the store moves on and is
+    // compacted. Its re-watch from its last pod revision gets 410 Expired and it lists again.
     let lists_before = server.stats().request_count("list", "", "pods");
+    server.stop();
     for i in 0..5 {
         s.create(
             Gvr::core("configmaps"),
@@ -127,8 +128,6 @@ async fn reflector_follows_writes_compaction_closed_watches_and_restart() {
         )
         .unwrap();
     }
-    server.compact();
-    server.close_watches();
     s.delete(Gvr::core("pods"), "default", "p5").unwrap();
     s.create(
         Gvr::core("pods"),
@@ -136,6 +135,8 @@ async fn reflector_follows_writes_compaction_closed_watches_and_restart() {
         common::pod("after-compaction", json!({})),
     )
     .unwrap();
+    server.compact();
+    server.start_again().unwrap();
     converges(&s, &reader, "after compaction").await;
     assert!(
         server.stats().request_count("list", "", "pods") > lists_before,
@@ -147,7 +148,14 @@ async fn reflector_follows_writes_compaction_closed_watches_and_restart() {
     server.close_watches();
     s.delete(Gvr::core("pods"), "default", "p6").unwrap();
     converges(&s, &reader, "after closed watches").await;
-    assert!(server.stats().request_count("watch", "", "pods") > watches_before);
+    assert!(
+        common::eventually(Duration::from_secs(10), || server
+            .stats()
+            .request_count("watch", "", "pods")
+            > watches_before)
+        .await,
+        "the closed watch was re-opened"
+    );
 
     // Restart on the same port with state kept: the client reconnects and catches up.
     let rv_before = s.resource_version();

@@ -789,3 +789,44 @@ spec:
     let _ = std::io::stderr().flush();
     let _ = Path::new("");
 }
+
+#[test]
+fn survives_a_restart_on_the_same_port() {
+    let Some(kc) = Kc::new(ServerOptions::default()) else {
+        return;
+    };
+    seed(&kc);
+    assert_eq!(
+        kc.ok(&["get", "pods", "-n", "x", "-o", "name"]),
+        "pod/a\npod/b\n"
+    );
+    let rv = kc.store().resource_version();
+    kc.server.stop();
+    let err = kc.fail(&["get", "pods", "-n", "x", "--request-timeout=5s"]);
+    assert!(
+        err.contains("was refused") || err.contains("connection refused"),
+        "{err}"
+    );
+    kc.store()
+        .create(Gvr::core("pods"), "x", common::pod("while-down", json!({})))
+        .unwrap();
+    kc.server.start_again().unwrap();
+    assert_eq!(
+        kc.ok(&["get", "pods", "-n", "x", "-o", "name"]),
+        "pod/a\npod/b\npod/while-down\n"
+    );
+    let out = kc.ok(&[
+        "get",
+        "pod",
+        "while-down",
+        "-n",
+        "x",
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ]);
+    assert_eq!(
+        out.parse::<u64>().unwrap(),
+        rv + 1,
+        "revisions continue across the restart"
+    );
+}

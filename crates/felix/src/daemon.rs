@@ -38,7 +38,7 @@ use crate::status::{
     BootstrapView, DataplaneView, EndpointView, IpSetView, ProblemView, REQUESTS, StatusDoc,
     StatusSocket, TierView,
 };
-use crate::typha_feed::{FeedItem, TYPHA_CONNECTION, TyphaFeed};
+use crate::typha_feed::{FeedItem, TYPHA_CONNECTION, TyphaFeed, TyphaTarget};
 use crate::{LogLevelSetter, calico_level};
 use margay_typha::ConnectionState;
 
@@ -697,17 +697,53 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
         };
         let c = &local_loaded.config;
         health_server.ensure(c.health_enabled, &c.health_host, c.health_port, health);
-        if !c.typha_addr.is_empty() || !c.typha_k8s_service_name.is_empty() {
+        if let Some(target) = crate::typha_feed::typha_target(c) {
             // Through Typha: everything, configuration included, comes from Typha's felix
             // syncer; Felix never connects to the datastore.
-            let topts = crate::typha_feed::client_options(c)
+            let (addrs, discovered) = match target {
+                TyphaTarget::Addrs(addrs) => (addrs, None),
+                TyphaTarget::Kubernetes(service) => {
+                    let d = crate::typha_feed::discovery(&opts.env, c, service)
+                        .map_err(|e| StartError::Fatal(e.to_string()))?;
+                    // Looked up on every retry of the loop, so a Typha that moved is found.
+                    let mut rng = margay_typha::discovery::Rng::from_entropy();
+                    match d.discover(&mut rng).await {
+                        Ok(found) => {
+                            tracing::info!(service = %found.service, typhas = %found.describe(), "Found Typha through Kubernetes (TyphaK8sServiceName)");
+                            (found.addrs(), Some((d, found)))
+                        }
+                        Err(e) => {
+                            tracing::error!("{e}; retrying in 1s");
+                            tokio::time::sleep(RETRY).await;
+                            continue;
+                        }
+                    }
+                }
+            };
+            let topts = crate::typha_feed::client_options(c, addrs)
                 .map_err(|e| StartError::Fatal(e.to_string()))?;
             mark("config_load");
-            let addrs = topts.addrs.join(",");
-            tracing::info!(typha = %addrs, "Syncing through Typha (TyphaAddr): Felix does not connect to the datastore");
+            let desc = match &discovered {
+                None => {
+                    let addrs = topts.addrs.join(",");
+                    tracing::info!(typha = %addrs, "Syncing through Typha (TyphaAddr): Felix does not connect to the datastore");
+                    format!("typha {addrs}")
+                }
+                Some((_, found)) => {
+                    tracing::info!(service = %found.service, "Syncing through Typha (TyphaK8sServiceName): Felix does not connect to the datastore");
+                    format!(
+                        "typha {} (Kubernetes service {})",
+                        found.describe(),
+                        found.service
+                    )
+                }
+            };
             health.register(TYPHA_CONNECTION, false, true, Duration::ZERO);
             health.report(TYPHA_CONNECTION, true, false);
-            let mut feed = TyphaFeed::start(topts);
+            let mut feed = match discovered {
+                None => TyphaFeed::start(topts),
+                Some((d, found)) => TyphaFeed::start_discovered(topts, d, found),
+            };
             let hostname = c.felix_hostname.clone();
             let started = typha_startup(&mut feed, &local, health, &hostname).await?;
             mark("datastore_connect");
@@ -719,7 +755,7 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
             } = started;
             break 'config (
                 local,
-                format!("typha {addrs}"),
+                desc,
                 Source::Typha {
                     feed,
                     buffered,
@@ -990,7 +1026,7 @@ async fn startup(opts: &DaemonOptions, control: &Control) -> Result<Started, Sta
                 buffered,
                 sync_tx,
                 calc_tx.clone(),
-                health.clone(),
+                shared.clone(),
             ));
             (task, tokio::spawn(async {}))
         }
@@ -1136,7 +1172,7 @@ async fn typha_startup(
     let mut last_wait_log: Option<Instant> = None;
     loop {
         let Some(items) = feed.next().await else {
-            return Err(StartError::Fatal("the Typha client stopped".into()));
+            return Err(StartError::Fatal(feed.stop_reason()));
         };
         let mut changed = false;
         for item in &items {
@@ -1191,27 +1227,36 @@ async fn typha_startup(
     }
 }
 
+/// The TyphaConnection reporter, whose detail says which Typha Felix uses (or why none).
 fn report_typha(health: &HealthAggregator, c: &ConnectionState) {
     match c {
         ConnectionState::Connected { addr, server_id } => {
             tracing::info!(addr = %addr, server = %server_id, "Typha connection up");
-            health.report(TYPHA_CONNECTION, true, true);
+            health.report_detail(
+                TYPHA_CONNECTION,
+                true,
+                true,
+                &format!("connected to Typha at {addr} ({server_id})"),
+            );
         }
         ConnectionState::Disconnected { reason } => {
             tracing::warn!(reason = %reason, "No Typha connection; retrying");
-            health.report(TYPHA_CONNECTION, true, false);
+            health.report_detail(TYPHA_CONNECTION, true, false, reason);
         }
     }
 }
 
-/// Feeds the pipeline from Typha: first what start-up consumed, then the live stream.
+/// Feeds the pipeline from Typha: first what start-up consumed, then the live stream. A
+/// client that stops (every Typha it knew left the Service) stops Felix, so its restart
+/// looks Typha up again.
 async fn run_typha_feed(
     mut feed: TyphaFeed,
     buffered: Vec<FeedItem>,
     sync_tx: mpsc::Sender<SyncerEvent>,
     calc_tx: smpsc::Sender<CalcInput>,
-    health: HealthAggregator,
+    shared: Arc<Shared>,
 ) {
+    let health = shared.health.clone();
     let mut pending = Some(buffered);
     loop {
         let items = match pending.take() {
@@ -1219,7 +1264,9 @@ async fn run_typha_feed(
             None => match feed.next().await {
                 Some(i) => i,
                 None => {
-                    tracing::error!("the Typha client stopped");
+                    let why = feed.stop_reason();
+                    tracing::error!("{why}");
+                    shared.stop_with(Reason::Fatal(why));
                     return;
                 }
             },

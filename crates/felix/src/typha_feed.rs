@@ -1,15 +1,17 @@
-//! Felix's inputs through Typha (TyphaAddr): the Typha client (failover, migration, dedupe
-//! buffer) turned into exactly what the datastore path produces — the syncer's
-//! `SyncerEvent`s for the v3 resources and `BlockEvent`s for the IPAM blocks — so the rest of
-//! the pipeline is unchanged and Felix never talks to the datastore.
+//! Felix's inputs through Typha (TyphaAddr, or TyphaK8sServiceName: Typha's Service in
+//! Kubernetes): the Typha client (failover, migration, dedupe buffer) turned into exactly what
+//! the datastore path produces — the syncer's `SyncerEvent`s for the v3 resources and
+//! `BlockEvent`s for the IPAM blocks — so the rest of the pipeline is unchanged and Felix
+//! never talks to the datastore.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use margay_api::net::Cidr;
 use margay_datastore::{SyncStatus, SyncerEvent, Update};
 use margay_felix_config::Config;
 use margay_typha::client::{self, ClientEvent, ClientOptions, ClientStats, ConnectionState};
+use margay_typha::discovery::{self, Discovered, Discovery, ServiceRef};
 use margay_typha::proto::Kv;
 use margay_typha::syncers::{IPAM_BLOCKS_PREFIX, SyncerType};
 use margay_typha::tls::{ClientTls, ExpectedPeer, FELIX_PARAMS, TlsFiles};
@@ -29,22 +31,52 @@ pub enum FeedItem {
     Connection(ConnectionState),
 }
 
-/// The Typha client's options from Felix's configuration.
-pub fn client_options(c: &Config) -> Result<ClientOptions, FelixError> {
-    if c.typha_addr.is_empty() {
-        return Err(FelixError::Config(
-            "TyphaK8sServiceName is not supported: margay has no Kubernetes API client to find \
-             Typha's endpoints; set FELIX_TYPHAADDR to Typha's host:port (several may be given, \
-             comma-separated)"
-                .into(),
-        ));
-    }
+/// Where Felix finds Typha.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TyphaTarget {
+    /// TyphaAddr: these addresses.
+    Addrs(Vec<String>),
+    /// TyphaK8sServiceName (with TyphaAddr empty): the endpoints of this Service.
+    Kubernetes(ServiceRef),
+}
+
+/// Calico's rule: TyphaAddr wins; else TyphaK8sServiceName in TyphaK8sNamespace (empty or
+/// `none`: no Typha); None means Felix reads the datastore itself.
+pub fn typha_target(c: &Config) -> Option<TyphaTarget> {
     let addrs: Vec<String> = c
         .typha_addr
         .split(',')
         .map(|a| a.trim().to_string())
         .filter(|a| !a.is_empty())
         .collect();
+    if !addrs.is_empty() {
+        return Some(TyphaTarget::Addrs(addrs));
+    }
+    let name = c.typha_k8s_service_name.trim();
+    if name.is_empty() || name.eq_ignore_ascii_case("none") {
+        return None;
+    }
+    Some(TyphaTarget::Kubernetes(ServiceRef::new(
+        &c.typha_k8s_namespace,
+        name,
+    )))
+}
+
+/// The lookup of Typha's Service for this Felix: endpoints on FelixHostname first, over the
+/// Kubernetes connection the datastore settings describe (KUBECONFIG, K8S_API_ENDPOINT, …;
+/// in a pod without them, its service account).
+pub fn discovery(
+    env: &BTreeMap<String, String>,
+    c: &Config,
+    service: ServiceRef,
+) -> Result<Discovery, FelixError> {
+    let ds = margay_datastore::DatastoreConfig::from_lookup(|k| env.get(k).cloned())
+        .map_err(|e| FelixError::Datastore(e.to_string()))?;
+    Ok(Discovery::new(ds.kube, service, c.felix_hostname.clone()))
+}
+
+/// The Typha client's options from Felix's configuration, for these addresses.
+pub fn client_options(c: &Config, addrs: Vec<String>) -> Result<ClientOptions, FelixError> {
     let mut o = ClientOptions::new(addrs, c.felix_hostname.clone(), SyncerType::Felix);
     o.info = format!("margay felix {}", env!("CARGO_PKG_VERSION"));
     if !c.typha_read_timeout.is_zero() {
@@ -79,6 +111,7 @@ pub struct TyphaFeed {
     task: tokio::task::JoinHandle<()>,
     pub stats: Arc<ClientStats>,
     converter: Converter,
+    last_disconnect: Option<String>,
 }
 
 impl Drop for TyphaFeed {
@@ -88,22 +121,63 @@ impl Drop for TyphaFeed {
 }
 
 impl TyphaFeed {
+    /// The client over fixed addresses (TyphaAddr).
     pub fn start(opts: ClientOptions) -> TyphaFeed {
         let (tx, rx) = mpsc::channel(16);
         let stats = Arc::new(ClientStats::default());
         let task = tokio::spawn(client::run(opts, tx, stats.clone()));
+        TyphaFeed::new(rx, task, stats)
+    }
+
+    /// The client over what `found` found, looked up again through `discovery` as
+    /// [`discovery::run_client`] describes (TyphaK8sServiceName).
+    pub fn start_discovered(
+        opts: ClientOptions,
+        discovery: Discovery,
+        found: Discovered,
+    ) -> TyphaFeed {
+        let (tx, rx) = mpsc::channel(16);
+        let stats = Arc::new(ClientStats::default());
+        let task = tokio::spawn(discovery::run_client(
+            opts,
+            discovery,
+            found,
+            tx,
+            stats.clone(),
+        ));
+        TyphaFeed::new(rx, task, stats)
+    }
+
+    fn new(
+        rx: mpsc::Receiver<ClientEvent>,
+        task: tokio::task::JoinHandle<()>,
+        stats: Arc<ClientStats>,
+    ) -> TyphaFeed {
         TyphaFeed {
             rx,
             task,
             stats,
             converter: Converter::default(),
+            last_disconnect: None,
         }
     }
 
     /// The next inputs (None: the client stopped).
     pub async fn next(&mut self) -> Option<Vec<FeedItem>> {
         let ev = self.rx.recv().await?;
+        if let ClientEvent::Connection(ConnectionState::Disconnected { reason }) = &ev {
+            self.last_disconnect = Some(reason.clone());
+        }
         Some(self.converter.convert(ev))
+    }
+
+    /// Why the client stopped, for the exit message: the last reason it gave for having no
+    /// connection.
+    pub fn stop_reason(&self) -> String {
+        match &self.last_disconnect {
+            Some(r) => format!("the Typha client stopped: {r}"),
+            None => "the Typha client stopped".to_string(),
+        }
     }
 }
 
@@ -185,6 +259,75 @@ mod tests {
     use super::*;
     use bytes::Bytes;
     use margay_typha::proto::UpdateKind;
+
+    fn config(env: &[(&str, &str)]) -> Config {
+        let env: BTreeMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let local = crate::inputs::LocalInputs {
+            env,
+            config_file: "/nonexistent/felix.cfg".into(),
+            config_text: None,
+            kernel_hostname: Some("kernel-host".into()),
+        };
+        margay_felix_config::load(&local.config_inputs())
+            .unwrap()
+            .config
+    }
+
+    #[test]
+    fn where_typha_is() {
+        let k8s = |ns: &str, name: &str| Some(TyphaTarget::Kubernetes(ServiceRef::new(ns, name)));
+        type Env<'a> = &'a [(&'a str, &'a str)];
+        let cases: &[(Env, Option<TyphaTarget>)] = &[
+            (&[], None),
+            (&[("FELIX_TYPHAK8SSERVICENAME", "none")], None),
+            (&[("FELIX_TYPHAK8SSERVICENAME", "")], None),
+            (
+                &[("FELIX_TYPHAK8SSERVICENAME", "calico-typha")],
+                k8s("kube-system", "calico-typha"),
+            ),
+            (
+                &[
+                    ("FELIX_TYPHAK8SSERVICENAME", "typha"),
+                    ("FELIX_TYPHAK8SNAMESPACE", "calico-system"),
+                ],
+                k8s("calico-system", "typha"),
+            ),
+            // TyphaAddr wins.
+            (
+                &[
+                    ("FELIX_TYPHAK8SSERVICENAME", "calico-typha"),
+                    ("FELIX_TYPHAADDR", "10.0.0.1:5473, 10.0.0.2:5473"),
+                ],
+                Some(TyphaTarget::Addrs(vec![
+                    "10.0.0.1:5473".into(),
+                    "10.0.0.2:5473".into(),
+                ])),
+            ),
+        ];
+        for (env, want) in cases {
+            assert_eq!(&typha_target(&config(env)), want, "{env:?}");
+        }
+        let t = typha_target(&config(&[("FELIX_TYPHAK8SSERVICENAME", "calico-typha")])).unwrap();
+        let TyphaTarget::Kubernetes(svc) = t else {
+            panic!("{t:?}")
+        };
+        assert_eq!(svc.port_name, "calico-typha");
+        let c = config(&[
+            ("FELIX_TYPHAK8SSERVICENAME", "calico-typha"),
+            ("FELIX_FELIXHOSTNAME", "node-7"),
+        ]);
+        let env: BTreeMap<String, String> =
+            [("KUBECONFIG".to_string(), "/etc/k/config".to_string())].into();
+        let d = discovery(&env, &c, svc).unwrap();
+        assert_eq!(d.node, "node-7");
+        assert_eq!(
+            d.kube.kubeconfig,
+            vec![std::path::PathBuf::from("/etc/k/config")]
+        );
+    }
 
     #[test]
     fn converts_resources_and_blocks() {

@@ -44,6 +44,12 @@ pub enum StartupError {
     Filesystem { path: PathBuf, error: String },
     #[error(transparent)]
     Tunnel(#[from] crate::tunnel::TunnelError),
+    /// Creating the Node found nothing to create it on: in the Kubernetes datastore a Calico
+    /// Node is the cluster's Kubernetes Node, which only the kubelet registers.
+    #[error(
+        "there is no node {0:?} to register: in the Kubernetes datastore Calico's Nodes are the cluster's Kubernetes Nodes, which only the kubelet creates; check that this host joined the cluster and that NODENAME (or the hostname) is its Kubernetes node name"
+    )]
+    NoSuchNode(String),
     #[error("default IPv{version} pool: {var}: {message}")]
     Pool {
         version: u8,
@@ -361,6 +367,10 @@ async fn register_node<B: KvBackend>(
                 outcome.node_written = true;
                 tracing::info!(node = node_name, created = !exists, "Node resource written");
                 return Ok(());
+            }
+            // A create can only miss its target where Nodes are views of other objects.
+            Err(DatastoreError::NotFound { .. }) if !exists => {
+                return Err(StartupError::NoSuchNode(node_name.to_string()));
             }
             Err(DatastoreError::Conflict { .. } | DatastoreError::AlreadyExists { .. })
                 if attempt < WRITE_ATTEMPTS =>

@@ -466,7 +466,10 @@ impl Discovery {
     }
 
     /// One lookup.
-    pub async fn discover(&self, rng: &mut dyn RandomSource) -> Result<Discovered, DiscoveryError> {
+    pub async fn discover(
+        &self,
+        rng: &mut (dyn RandomSource + Send),
+    ) -> Result<Discovered, DiscoveryError> {
         let api = connect(&self.kube, &self.service).await?;
         let slices = list_slices(&api, &self.service, self.timeout).await?;
         let typhas = choose_typhas(&slices, &self.service, &self.node, rng)?;
