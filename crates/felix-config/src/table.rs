@@ -465,7 +465,7 @@ params! {
         "Connect to Typha at this host:port (takes precedence over TyphaK8sServiceName); margay accepts several, comma-separated, and fails over between them.";
     TyphaK8sServiceName typha_k8s_service_name: String = "string", "", [Local], Datastore, "", true,
         "Find Typha through the endpoints of this Kubernetes service.";
-    TyphaK8sNamespace typha_k8s_namespace: String = "string", "kube-system", [NonZero, Local], Datastore, "", false,
+    TyphaK8sNamespace typha_k8s_namespace: String = "string", "kube-system", [NonZero, Local], Datastore, "", true,
         "Namespace of the Typha service.";
     TyphaReadTimeout typha_read_timeout: Duration = "seconds", "30", [Local], Datastore, "", true,
         "Restart if Typha sends nothing for this long.";
@@ -577,8 +577,8 @@ params! {
         "MAC address of this node's IPv6 VXLAN device (from the Node resource).";
     IpInIpEnabled ip_in_ip_enabled: Option<bool> = "*bool", "", [], IpInIp, "ipipEnabled", false,
         "Force the IPIP device on or off (unset: follow the IP pools).";
-    IpInIpMtu ip_in_ip_mtu: i64 = "int", "0", [], IpInIp, "ipipMTU", false,
-        "MTU of the IPIP device (0: detect).";
+    IpInIpMtu ip_in_ip_mtu: i64 = "int", "0", [], IpInIp, "ipipMTU", true,
+        "MTU of IP-in-IP traffic (0: the host MTU minus 20); margay uses it only for the pod MTU (it has no IP-in-IP dataplane).";
     IpInIpTunnelAddr ip_in_ip_tunnel_addr: Option<IpAddr> = "ipv4", "", [], NodeIdentity, "", false,
         "IPv4 address of this node's IPIP device (from the Node resource).";
     FloatingIPs floating_ips: String = "oneof(Enabled,Disabled)", "Disabled", [], Common, "floatingIPs", false,
