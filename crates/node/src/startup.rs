@@ -407,6 +407,15 @@ fn configure_addresses(
         node.spec.interfaces.clone(),
     );
 
+    // kubernetes-internal-ip reads the Kubernetes Node's InternalIPs, which the Kubernetes
+    // datastore shows as the Node's addresses of type InternalIP.
+    let internal_ips: Vec<IpAddr> = node
+        .spec
+        .addresses
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .filter_map(|a| a.address.parse().ok())
+        .collect();
     let v4_auto = matches!(cfg.ipv4, AddressSetting::Autodetect)
         || (cfg.ipv4 == AddressSetting::Unset && bgp.ipv4_address.is_empty());
     bgp.ipv4_address = choose(
@@ -418,6 +427,7 @@ fn configure_addresses(
         "IP_AUTODETECTION_METHOD",
         &bgp.ipv4_address,
         net,
+        &internal_ips,
         outcome,
     )?;
     let v6_auto = matches!(cfg.ipv6, AddressSetting::Autodetect);
@@ -430,6 +440,7 @@ fn configure_addresses(
         "IP6_AUTODETECTION_METHOD",
         &bgp.ipv6_address,
         net,
+        &internal_ips,
         outcome,
     )?;
 
@@ -491,6 +502,7 @@ fn choose(
     method_var: &'static str,
     existing: &str,
     net: &dyn NetView,
+    internal_ips: &[IpAddr],
     outcome: &mut Outcome,
 ) -> Result<String, StartupError> {
     let version = if matches!(family, Family::V4) { 4 } else { 6 };
@@ -498,7 +510,7 @@ fn choose(
         // An unknown method is fatal; a bad regex or CIDR only makes detection fail (a Node
         // that already has an address keeps it), as in Calico.
         let detected = match Method::parse(method) {
-            Ok(m) => autodetect::autodetect(&m, family, net),
+            Ok(m) => autodetect::autodetect(&m, family, net, internal_ips),
             Err(e @ autodetect::AutodetectError::UnknownMethod { .. }) => {
                 return Err(StartupError::Config(crate::config::ConfigError {
                     var: method_var,

@@ -174,6 +174,46 @@ async fn first_start_registers_everything_and_second_start_changes_nothing() {
 }
 
 #[tokio::test]
+async fn kubernetes_internal_ip_uses_the_nodes_internal_ip_and_its_interface_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    // The Node as the Kubernetes datastore shows it: the kubelet's addresses, no BGP spec yet.
+    let mut n = Node::new(ObjectMeta::named("node-k"), Default::default());
+    n.spec.addresses = vec![
+        margay_api::endpoint::NodeAddress {
+            address: "203.0.113.9".into(),
+            type_: "ExternalIP".into(),
+        },
+        margay_api::endpoint::NodeAddress {
+            address: "10.0.0.5".into(),
+            type_: "InternalIP".into(),
+        },
+    ];
+    client.create(Resource::Node(n)).await.unwrap();
+    let env = Env::new(&[
+        ("IP", "autodetect"),
+        ("IP_AUTODETECTION_METHOD", "kubernetes-internal-ip"),
+    ]);
+    let out = start(&client, dir.path(), &env, "node-k", &host())
+        .await
+        .unwrap();
+    assert_eq!(out.ipv4.as_deref(), Some("10.0.0.5/24"));
+    assert_eq!(
+        node(&client, "node-k").await.spec.bgp.unwrap().ipv4_address,
+        "10.0.0.5/24"
+    );
+    // A Node without an InternalIP (any datastore but Kubernetes'): a failure saying why.
+    let e = start(&client, dir.path(), &env, "node-new", &host())
+        .await
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("no IPv4 InternalIP") && msg.contains("IP_AUTODETECTION_METHOD"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
 async fn explicit_addresses_as_number_and_node_ref() {
     let dir = tempfile::tempdir().unwrap();
     let client = Client::new(MemBackend::new());
