@@ -826,6 +826,11 @@ fn node_startup_annotates_the_kubernetes_node_and_creates_the_defaults_once() {
         .get(Gvr::calico("felixconfigurations"), "", "default")
         .unwrap();
     assert_eq!(fc["spec"]["logSeverityScreen"], "Info", "{fc}");
+    // Calico's start-up writes no per-node FelixConfiguration in the Kubernetes datastore.
+    assert!(
+        s.get(Gvr::calico("felixconfigurations"), "", "node.node1")
+            .is_err()
+    );
     let ci = s
         .get(Gvr::calico("clusterinformations"), "", "default")
         .unwrap();

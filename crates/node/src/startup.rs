@@ -182,6 +182,9 @@ pub struct StartupOptions {
     pub wait_timeout: Option<Duration>,
     /// Whether /proc/sys/net/ipv6 exists (IPv6 pools need it).
     pub kernel_has_ipv6: bool,
+    /// The datastore is the Kubernetes API, where Calico's start-up leaves per-node Felix
+    /// configuration to the DaemonSet's FELIX_* variables (no FelixConfiguration `node.<name>`).
+    pub kubernetes_datastore: bool,
 }
 
 /// A snapshot of the host's interfaces for the duration of start-up; route lookups are made
@@ -842,30 +845,32 @@ async fn ensure_defaults<B: KvBackend>(
     })
     .await?;
     // FelixConfiguration "node.<name>": workload-to-host traffic returns to the host's
-    // chains unless set (Calico does this for non-Kubernetes datastores).
-    complete_or_create(
-        client,
-        Kind::FelixConfiguration,
-        &format!("node.{node_name}"),
-        outcome,
-        |r| {
-            let Resource::FelixConfiguration(f) = r else {
-                return false;
-            };
-            if f.spec
-                .default_endpoint_to_host_action
-                .as_deref()
-                .unwrap_or_default()
-                .is_empty()
-            {
-                f.spec.default_endpoint_to_host_action = Some("Return".into());
-                true
-            } else {
-                false
-            }
-        },
-    )
-    .await?;
+    // chains unless set (Calico does this for non-Kubernetes datastores only).
+    if !opts.kubernetes_datastore {
+        complete_or_create(
+            client,
+            Kind::FelixConfiguration,
+            &format!("node.{node_name}"),
+            outcome,
+            |r| {
+                let Resource::FelixConfiguration(f) = r else {
+                    return false;
+                };
+                if f.spec
+                    .default_endpoint_to_host_action
+                    .as_deref()
+                    .unwrap_or_default()
+                    .is_empty()
+                {
+                    f.spec.default_endpoint_to_host_action = Some("Return".into());
+                    true
+                } else {
+                    false
+                }
+            },
+        )
+        .await?;
+    }
     create_missing(
         client,
         Resource::BGPConfiguration(BGPConfiguration::new(

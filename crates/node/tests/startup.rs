@@ -52,6 +52,7 @@ fn opts() -> StartupOptions {
         version: "v0.1.0-test".into(),
         wait_timeout: Some(std::time::Duration::from_secs(1)),
         kernel_has_ipv6: true,
+        kubernetes_datastore: false,
     }
 }
 
@@ -211,6 +212,40 @@ async fn kubernetes_internal_ip_uses_the_nodes_internal_ip_and_its_interface_pre
         msg.contains("no IPv4 InternalIP") && msg.contains("IP_AUTODETECTION_METHOD"),
         "{msg}"
     );
+}
+
+#[tokio::test]
+async fn no_per_node_felix_configuration_in_the_kubernetes_datastore() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    let env = Env::new(&[("IP", "10.0.0.5/24")]);
+    let fc = |name: &str| ResourceKey {
+        kind: Kind::FelixConfiguration,
+        namespace: String::new(),
+        name: name.into(),
+    };
+    let kube = StartupOptions {
+        kubernetes_datastore: true,
+        ..opts()
+    };
+    run(
+        &env.config(),
+        "node-a",
+        &client,
+        &host(),
+        &Paths::new(dir.path()),
+        &kube,
+    )
+    .await
+    .unwrap();
+    // Calico's start-up leaves per-node settings to the DaemonSet's FELIX_* variables there.
+    assert!(client.get(&fc("node.node-a")).await.is_err());
+    assert!(client.get(&fc("default")).await.is_ok());
+    let env_b = Env::new(&[("IP", "10.0.0.6/24")]);
+    start(&client, dir.path(), &env_b, "node-b", &host())
+        .await
+        .unwrap();
+    assert!(client.get(&fc("node.node-b")).await.is_ok());
 }
 
 #[tokio::test]
