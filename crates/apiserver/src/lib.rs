@@ -12,9 +12,9 @@
 #![forbid(unsafe_code)]
 
 mod discovery;
-pub mod patch;
+mod patch;
 mod resources;
-pub mod selector;
+mod selector;
 mod server;
 mod status;
 mod store;

@@ -469,14 +469,6 @@ impl FieldSelector {
         Ok(())
     }
 
-    /// The name a `metadata.name=X` term pins, if any (kubectl's single-object watches).
-    pub fn pinned_name(&self) -> Option<&str> {
-        self.terms
-            .iter()
-            .find(|t| t.equal && t.field == "metadata.name")
-            .map(|t| t.value.as_str())
-    }
-
     pub fn matches(&self, obj: &Value) -> bool {
         self.terms
             .iter()
@@ -581,7 +573,6 @@ mod tests {
         assert!(m("spec.hostNetwork=false"));
         let f = FieldSelector::parse("metadata.name=a\\,b").unwrap();
         assert_eq!(f.terms[0].value, "a,b");
-        assert_eq!(f.pinned_name(), Some("a,b"));
         assert!(FieldSelector::parse("nonsense").is_err());
         let f = FieldSelector::parse("spec.foo=1").unwrap();
         let err = f

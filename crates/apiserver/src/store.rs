@@ -1226,13 +1226,6 @@ impl State {
             def.builtin && def.kind == "Pod" && self.pods_graceful && opts.grace_seconds != Some(0);
         if finalizers(&old.value) > 0 || graceful_pod {
             if meta(&old.value).is_some_and(|m| m.contains_key("deletionTimestamp")) {
-                if graceful_pod
-                    && finalizers(&old.value) == 0
-                    && opts.grace_seconds == Some(0)
-                    && !opts.dry_run
-                {
-                    return Ok(self.remove(key, &k, old.value.clone(), Some(old)));
-                }
                 return Ok(old);
             }
             let mut new = old.value.clone();
@@ -1244,6 +1237,8 @@ impl State {
                             .and_then(Value::as_i64)
                     })
                     .unwrap_or(30)
+                    // A request may ask for any number; keep the timestamp representable.
+                    .clamp(0, 365 * 86_400)
             } else {
                 0
             };
@@ -1459,15 +1454,14 @@ impl State {
         next_rv: u64,
         max_scan: usize,
     ) -> Option<(Vec<Arc<Event>>, u64)> {
-        match self.resources.get(&gr_key(&def.group, &def.plural)) {
-            Some(c) if Arc::ptr_eq(&c.def, def) => {}
-            _ => return None,
-        }
+        // A resource that stopped being served (CRD deleted or changed) still delivers the
+        // events written before that (its objects' deletions), then its watches end.
+        let alive = matches!(self.resources.get(&gr_key(&def.group, &def.plural)), Some(c) if Arc::ptr_eq(&c.def, def));
         if next_rv <= self.floor {
             return None;
         }
         let Some(first) = self.history.front().map(|e| e.rv) else {
-            return Some((vec![], next_rv.max(self.rv + 1)));
+            return alive.then(|| (vec![], next_rv.max(self.rv + 1)));
         };
         let from = next_rv.saturating_sub(first) as usize;
         let mut out = Vec::new();
@@ -1477,6 +1471,9 @@ impl State {
             if *e.gr == *gr {
                 out.push(e.clone());
             }
+        }
+        if !alive && out.is_empty() {
+            return None;
         }
         Some((out, next))
     }
@@ -1837,6 +1834,43 @@ mod tests {
         )
         .unwrap();
         assert!(s.lookup("crd.projectcalico.org", "v1", "ippools").is_err());
+    }
+
+    #[test]
+    fn crd_deletion_delivers_its_objects_deletions_then_ends_watches() {
+        let mut s = State::new(100, false);
+        let crds = "apiextensions.k8s.io/customresourcedefinitions";
+        s.create(
+            crds,
+            "",
+            crate::resources::calico_crds().remove(13),
+            &opts(),
+        )
+        .unwrap();
+        let key = gr_key("crd.projectcalico.org", "ippools");
+        s.create(
+            &key,
+            "",
+            json!({"metadata": {"name": "a"}, "spec": {}}),
+            &opts(),
+        )
+        .unwrap();
+        let def = s.resources[&key].def.clone();
+        let from = s.rv + 1;
+        s.delete(
+            crds,
+            "",
+            "ippools.crd.projectcalico.org",
+            &DeleteOpts::default(),
+        )
+        .unwrap();
+        let (evs, next) = s.events_since(&key, &def, from, 100).unwrap();
+        assert_eq!(evs.len(), 1);
+        assert_eq!(evs[0].etype, EventType::Deleted);
+        assert!(
+            s.events_since(&key, &def, next, 100).is_none(),
+            "then the watch ends"
+        );
     }
 
     #[test]

@@ -168,17 +168,15 @@ impl Cursor {
                 return Some(self.bookmark(self.p.next_rv.saturating_sub(1), true));
             }
         }
+        // Under a sustained stream, send at most one chunk per COALESCE: events that arrive
+        // meanwhile share it (per-chunk costs — wake-up, lock, TLS record, syscall — would
+        // otherwise dominate). An event after a quiet spell goes out at once.
+        self.coalesce().await;
         // Bounded: every pass either returns, or made progress through the history, or waits.
         loop {
             if Instant::now() >= self.p.deadline {
                 self.done = true;
                 return None;
-            }
-            // Under a sustained stream, send at most one chunk per COALESCE: events that
-            // arrive meanwhile share it (per-chunk costs — wake-up, lock, TLS record, syscall —
-            // would otherwise dominate). An event after a quiet spell goes out at once.
-            if let Some(last) = self.last_chunk.filter(|l| l.elapsed() < COALESCE) {
-                tokio::time::sleep_until(last + COALESCE).await;
             }
             self.rv_rx.borrow_and_update();
             let got = {
@@ -234,6 +232,13 @@ impl Cursor {
                     return Some(self.bookmark(self.p.next_rv.saturating_sub(1), false));
                 }
             }
+            self.coalesce().await;
+        }
+    }
+
+    async fn coalesce(&self) {
+        if let Some(last) = self.last_chunk.filter(|l| l.elapsed() < COALESCE) {
+            tokio::time::sleep_until(last + COALESCE).await;
         }
     }
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use clap::Args;
 use margay_datastore::DatastoreConfig;
-use margay_typha::client::ClientOptions;
+use margay_typha::client::{ClientEvent, ClientOptions, ClientStats};
+use margay_typha::discovery::{self, Discovered, Discovery, ServiceRef};
 use margay_typha::syncers::SyncerType;
 use margay_typha::tls::{ClientTls, ExpectedPeer, FELIX_PARAMS, TlsFiles};
 use tokio::sync::mpsc;
@@ -32,8 +33,10 @@ reconfigure through its control socket only when the text changed.
 
 The datastore is the one DATASTORE_TYPE / DATASTORE_PATH / ETCD_ENDPOINTS name (the embedded \
 store by default); with FELIX_TYPHAADDR (or CALICO_TYPHAADDR) set, inputs come from Typha's bgp \
-syncer instead (TLS: FELIX_TYPHAKEYFILE, FELIX_TYPHACERTFILE, FELIX_TYPHACAFILE, FELIX_TYPHACN, \
-FELIX_TYPHAURISAN). The node name: --nodename, else NODENAME, the node name file \
+syncer instead, and so they do when FELIX_TYPHAK8SSERVICENAME names Typha's Service (empty or none: \
+no Typha): its EndpointSlices in FELIX_TYPHAK8SNAMESPACE (kube-system) say where Typha is, read \
+with the datastore's Kubernetes settings (KUBECONFIG, K8S_API_ENDPOINT, …, or in-cluster) (TLS: \
+FELIX_TYPHAKEYFILE, FELIX_TYPHACERTFILE, FELIX_TYPHACAFILE, FELIX_TYPHACN, FELIX_TYPHAURISAN). The node name: --nodename, else NODENAME, the node name file \
 (CALICO_NODENAME_FILE), HOSTNAME, the host name. CALICO_ROUTER_ID sets the router id (an IPv4 \
 address or `hash`). BGP passwords (secretKeyRef name/key) are read from \
 MARGAY_BGP_SECRETS_DIR/<name>/<key>. After every render, <config-dir>/confd-status.json says what \
@@ -100,29 +103,48 @@ fn node_name(args: &ConfdArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<S
         .map_err(|e| e.to_string())
 }
 
-/// Calico's Typha settings for confd (FELIX_ first, then CALICO_ prefixes).
+/// Calico's Typha settings for confd (FELIX_ first, then CALICO_ prefixes): the client's
+/// options, and the lookup that fills in its addresses when Typha is found through Kubernetes
+/// (TyphaK8sServiceName, used only without TyphaAddr).
 fn typha_options(
     node: &str,
     get: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<ClientOptions>, String> {
+) -> Result<Option<(ClientOptions, Option<Discovery>)>, String> {
     let var = |name: &str| {
         ["FELIX_", "CALICO_"]
             .iter()
             .find_map(|p| get(&format!("{p}{name}")).filter(|v| !v.trim().is_empty()))
             .unwrap_or_default()
     };
-    let addr = var("TYPHAADDR");
-    if addr.is_empty() {
-        if !var("TYPHAK8SSERVICENAME").is_empty() {
-            return Err("TyphaK8sServiceName is not supported (margay has no Kubernetes API client): set FELIX_TYPHAADDR to Typha's host:port".into());
-        }
-        return Ok(None);
-    }
-    let addrs: Vec<String> = addr
+    let addrs: Vec<String> = var("TYPHAADDR")
         .split(',')
         .map(|a| a.trim().to_string())
         .filter(|a| !a.is_empty())
         .collect();
+    let discovery = if addrs.is_empty() {
+        let name = var("TYPHAK8SSERVICENAME");
+        let name = name.trim();
+        if name.is_empty() || name.eq_ignore_ascii_case("none") {
+            return Ok(None);
+        }
+        let namespace = var("TYPHAK8SNAMESPACE");
+        if namespace.trim().eq_ignore_ascii_case("none") {
+            return Err(
+                "FELIX_TYPHAK8SNAMESPACE cannot be none: name the namespace of Typha's \
+                        Service (default kube-system)"
+                    .into(),
+            );
+        }
+        let ds = DatastoreConfig::from_lookup(get)
+            .map_err(|e| format!("datastore configuration (for finding Typha): {e}"))?;
+        Some(Discovery::new(
+            ds.kube,
+            ServiceRef::new(&namespace, name),
+            node,
+        ))
+    } else {
+        None
+    };
     let mut o = ClientOptions::new(addrs, node, SyncerType::Bgp);
     o.info = format!("margay confd {}", env!("CARGO_PKG_VERSION"));
     let files = TlsFiles {
@@ -139,7 +161,65 @@ fn typha_options(
             ClientTls::from_files(&files, FELIX_PARAMS).map_err(|e| format!("Typha TLS: {e}"))?,
         );
     }
-    Ok(Some(o))
+    Ok(Some((o, discovery)))
+}
+
+/// How long `--once` looks for Typha before it gives up.
+const ONCE_DISCOVERY_LIMIT: Duration = Duration::from_secs(30);
+
+/// Looks Typha up until it is found: every second, logging each new problem once; with
+/// `once`, for at most [`ONCE_DISCOVERY_LIMIT`].
+async fn find_typha(d: &Discovery, once: bool) -> Result<Discovered, String> {
+    let mut rng = discovery::Rng::from_entropy();
+    let started = std::time::Instant::now();
+    let mut last = String::new();
+    loop {
+        match d.discover(&mut rng).await {
+            Ok(found) => return Ok(found),
+            Err(e) => {
+                let text = e.to_string();
+                if once && started.elapsed() >= ONCE_DISCOVERY_LIMIT {
+                    return Err(text);
+                }
+                if text != last {
+                    tracing::error!("{text}; retrying every second");
+                    last = text;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The bgp syncer through Typha found in Kubernetes ([`discovery::run_client`]); ends (and
+/// with it confd, for a restart) once every Typha it knew has left the Service.
+async fn run_typha_discovered(
+    opts: ClientOptions,
+    d: Discovery,
+    found: Discovered,
+    node: String,
+    out: mpsc::Sender<crate::daemon::Input>,
+) {
+    let (tx, mut rx) = mpsc::channel(16);
+    let stats = std::sync::Arc::new(ClientStats::default());
+    let client = tokio::spawn(discovery::run_client(opts, d, found, tx, stats));
+    let mut last_disconnect = None;
+    while let Some(ev) = rx.recv().await {
+        if let ClientEvent::Connection(margay_typha::ConnectionState::Disconnected { reason }) = &ev
+        {
+            last_disconnect = Some(reason.clone());
+        }
+        for i in crate::feed::convert_typha(ev, &node) {
+            if out.send(i).await.is_err() {
+                client.abort();
+                return;
+            }
+        }
+    }
+    tracing::error!(
+        reason = last_disconnect.as_deref().unwrap_or("-"),
+        "the Typha client stopped"
+    );
 }
 
 /// Writes the status file (temporary file + rename, so readers never see half of it).
@@ -171,9 +251,14 @@ fn run_inner(args: ConfdArgs, get: &dyn Fn(&str) -> Option<String>) -> Result<u8
     rt.block_on(async move {
         let (tx, rx) = mpsc::channel(64);
         let feed = match (typha, ds) {
-            (Some(o), _) => {
+            (Some((o, None)), _) => {
                 tracing::info!(typha = ?o.addrs, "syncing through Typha (bgp syncer)");
                 tokio::spawn(crate::feed::run_typha(o, node.clone(), tx))
+            }
+            (Some((o, Some(d))), _) => {
+                let found = find_typha(&d, args.once).await?;
+                tracing::info!(service = %found.service, typhas = %found.describe(), "syncing through Typha (bgp syncer), found through Kubernetes");
+                tokio::spawn(run_typha_discovered(o, d, found, node.clone(), tx))
             }
             (None, Some(ds)) => {
                 let backend = tokio::time::timeout(Duration::from_secs(30), ds.connect_existing())
@@ -251,5 +336,73 @@ async fn shutdown() {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn options(env: &[(&str, &str)]) -> Result<Option<(ClientOptions, Option<Discovery>)>, String> {
+        let env: BTreeMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        typha_options("node-1", &|k: &str| env.get(k).cloned())
+    }
+
+    #[test]
+    fn where_confd_finds_typha() {
+        assert!(options(&[]).expect("valid").is_none());
+        for off in ["", "none", "None"] {
+            assert!(
+                options(&[("FELIX_TYPHAK8SSERVICENAME", off)])
+                    .expect("valid")
+                    .is_none(),
+                "{off:?}"
+            );
+        }
+        // TyphaAddr wins over the Service.
+        let (o, d) = options(&[
+            ("CALICO_TYPHAADDR", "10.0.0.1:5473,10.0.0.2:5473"),
+            ("FELIX_TYPHAK8SSERVICENAME", "calico-typha"),
+        ])
+        .expect("valid")
+        .expect("typha");
+        assert_eq!(o.addrs, ["10.0.0.1:5473", "10.0.0.2:5473"]);
+        assert!(d.is_none());
+        assert_eq!(o.syncer_type, SyncerType::Bgp);
+
+        let (o, d) = options(&[
+            ("FELIX_TYPHAK8SSERVICENAME", "calico-typha"),
+            ("KUBECONFIG", "/etc/kube/config"),
+        ])
+        .expect("valid")
+        .expect("typha");
+        assert!(o.addrs.is_empty());
+        let d = d.expect("a lookup");
+        assert_eq!(d.service.to_string(), "kube-system/calico-typha");
+        assert_eq!(d.service.port_name, "calico-typha");
+        assert_eq!(d.node, "node-1");
+        assert_eq!(d.kube.kubeconfig, [PathBuf::from("/etc/kube/config")]);
+
+        let (_, d) = options(&[
+            ("CALICO_TYPHAK8SSERVICENAME", "typha"),
+            ("CALICO_TYPHAK8SNAMESPACE", "calico-system"),
+        ])
+        .expect("valid")
+        .expect("typha");
+        assert_eq!(
+            d.expect("a lookup").service.to_string(),
+            "calico-system/typha"
+        );
+
+        let e = options(&[
+            ("FELIX_TYPHAK8SSERVICENAME", "calico-typha"),
+            ("FELIX_TYPHAK8SNAMESPACE", "none"),
+        ])
+        .expect_err("an error");
+        assert!(e.contains("FELIX_TYPHAK8SNAMESPACE"), "{e}");
     }
 }

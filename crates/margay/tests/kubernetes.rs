@@ -120,13 +120,19 @@ impl Cluster {
     /// namespace or root is needed), as calico-node runs it on that node; the default pool is
     /// the pods' 10.65.0.0/16 with VXLAN, so start-up also allocates a tunnel address.
     fn node_startup(&self, node: &str, ip: &str) -> Run {
+        self.node_startup_with(node, &[("IP", ip)])
+    }
+
+    fn node_startup_with(&self, node: &str, env: &[(&str, &str)]) -> Run {
         let mut c = self.margay();
         c.args(["node", "startup", "--root"])
             .arg(self.path(&format!("root-{node}")))
             .env("NODENAME", node)
-            .env("IP", ip)
             .env("CALICO_IPV4POOL_CIDR", "10.65.0.0/16")
             .env("CALICO_IPV4POOL_VXLAN", "Always");
+        for (k, v) in env {
+            c.env(k, v);
+        }
         run(c)
     }
 
@@ -820,6 +826,11 @@ fn node_startup_annotates_the_kubernetes_node_and_creates_the_defaults_once() {
         .get(Gvr::calico("felixconfigurations"), "", "default")
         .unwrap();
     assert_eq!(fc["spec"]["logSeverityScreen"], "Info", "{fc}");
+    // Calico's start-up writes no per-node FelixConfiguration in the Kubernetes datastore.
+    assert!(
+        s.get(Gvr::calico("felixconfigurations"), "", "node.node1")
+            .is_err()
+    );
     let ci = s
         .get(Gvr::calico("clusterinformations"), "", "default")
         .unwrap();
@@ -856,6 +867,25 @@ fn node_startup_annotates_the_kubernetes_node_and_creates_the_defaults_once() {
         "{clash:?}"
     );
 
+    // IP_AUTODETECTION_METHOD=kubernetes-internal-ip: the Kubernetes Node's InternalIP with
+    // the prefix of the interface holding it. (127.0.0.1 is the one address every test host
+    // has on an interface: lo, 127.0.0.1/8.)
+    s.create(NODES, "", k8s_node("node-lo", "127.0.0.1", json!({})))
+        .unwrap();
+    let r = k.node_startup_with(
+        "node-lo",
+        &[
+            ("IP", "autodetect"),
+            ("IP_AUTODETECTION_METHOD", "kubernetes-internal-ip"),
+        ],
+    );
+    assert_eq!(r.code, 0, "{r:?}");
+    let lo = s.get(NODES, "", "node-lo").unwrap();
+    assert_eq!(
+        lo["metadata"]["annotations"]["projectcalico.org/IPv4Address"], "127.0.0.1/8",
+        "{lo}"
+    );
+
     // A node the cluster does not have: Calico's start-up fails (the kubelet registers
     // Nodes, calico-node only annotates them), saying so.
     let ghost = k.node_startup("node9", "10.0.0.9/24");
@@ -890,7 +920,7 @@ impl Drop for Felix {
 }
 
 impl Felix {
-    fn start(k: &Cluster, host: &str) -> Felix {
+    fn start(k: &Cluster, host: &str, extra_env: &[(&str, &str)]) -> Felix {
         let socket = k.path(&format!("run-{host}/felix.sock"));
         let log = k.path(&format!("felix-{host}.log"));
         let cfg = k.path("felix.cfg");
@@ -908,6 +938,9 @@ impl Felix {
             .arg(&socket)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap());
+        for (key, v) in extra_env {
+            c.env(key, v);
+        }
         Felix {
             child: Some(c.spawn().unwrap()),
             log,
@@ -1013,7 +1046,7 @@ spec:
     );
     k.ctl_ok(&["apply", "-f", &gnp]);
 
-    let mut felix = Felix::start(&k, "node1");
+    let mut felix = Felix::start(&k, "node1", &[]);
     let st = felix.wait("node1's two pods", |st| {
         let eps = endpoints(st);
         let ids: Vec<&String> = eps.keys().collect();
@@ -1049,6 +1082,26 @@ spec:
         "an IP set with the client: {sets:?}"
     );
     assert_eq!(st["problems"], json!([]), "{st}");
+
+    // node2 starts up: its Calico annotations (VXLAN tunnel address, MAC) and its IPAM block
+    // reach Felix as a VTEP and a route.
+    let vteps_before = st["counts"]["vteps"].as_u64().unwrap();
+    let routes_before = st["counts"]["routes"].as_u64().unwrap();
+    let r = k.node_startup("node2", "10.0.0.2/24");
+    assert_eq!(r.code, 0, "{r:?}");
+    felix.wait("node2's VTEP and block route", |st| {
+        let (vteps, routes) = (
+            st["counts"]["vteps"].as_u64().unwrap(),
+            st["counts"]["routes"].as_u64().unwrap(),
+        );
+        if vteps == vteps_before + 1 && routes > routes_before {
+            Ok(())
+        } else {
+            Err(format!(
+                "vteps {vteps} (was {vteps_before}), routes {routes} (was {routes_before})"
+            ))
+        }
+    });
 
     // A pod's labels change in the API server: it leaves the Kubernetes policy.
     s.patch(
@@ -1177,6 +1230,36 @@ spec:
     assert_eq!(st["ready"], true, "{st}");
     assert_eq!(st["problems"], json!([]), "{st}");
 
+    // The kubelet's heartbeats change the Node object all the time; that is no configuration
+    // change (Felix stays up), and what follows is still seen.
+    for i in 0..3 {
+        s.patch_status(
+            NODES,
+            "",
+            "node1",
+            PatchType::Merge,
+            &json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+                "lastHeartbeatTime": format!("2024-05-01T10:00:0{i}Z")}]}}),
+        )
+        .unwrap();
+    }
+    s.create(
+        PODS,
+        "shop",
+        pod("web-5", "node1", "web", None, IpVia::Status("10.65.0.6")),
+    )
+    .unwrap();
+    felix.wait("web-5 after the heartbeats", |st| {
+        if endpoints(st).contains_key("k8s/shop/web-5/eth0") {
+            Ok(())
+        } else {
+            Err("no web-5".into())
+        }
+    });
+    // A restart would follow a changed parameter within 2 s.
+    std::thread::sleep(Duration::from_millis(2500));
+    felix.status().unwrap();
+
     // A FelixConfiguration custom resource change that needs a restart: Felix exits 129,
     // naming the parameter, as it does on every datastore.
     s.patch(
@@ -1259,14 +1342,7 @@ fn confd_renders_mesh_and_peers_from_kubernetes_nodes_and_bgppeer_crs() {
     s.create(
         Gvr::calico("blockaffinities"),
         "",
-        json!({
-            "apiVersion": "crd.projectcalico.org/v1", "kind": "BlockAffinity",
-            "metadata": {"name": "node1-10-65-0-0-26", "labels": {
-                "projectcalico.org/affinity-type": "host",
-                "projectcalico.org/hostname-hash": margay_kdd::names::hostname_hash("node1"),
-                "projectcalico.org/ip-version": "4"}},
-            "spec": {"state": "confirmed", "node": "node1", "type": "host", "cidr": "10.65.0.0/26", "deleted": "false"},
-        }),
+        affinity_cr("node1", "10.65.0.0/26"),
     )
     .unwrap();
 
@@ -1315,7 +1391,21 @@ fn confd_renders_mesh_and_peers_from_kubernetes_nodes_and_bgppeer_crs() {
     assert_eq!(status["in_sync"], true, "{status}");
     assert_eq!(status["peers_v4"], 3, "{status}");
 
-    // The peer goes, a node gets its address: the next render follows.
+    // confd as a daemon: changes made in the API server are rendered as they come, through an
+    // API server restart too. node2's block is not this node's: no route for it.
+    let log = k.path("confd.log");
+    let mut c = k.margay();
+    c.args([
+        "confd",
+        "--nodename",
+        "node1",
+        "--no-reload",
+        "--config-dir",
+    ])
+    .arg(&cfg)
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log).unwrap());
+    let confd = Proc::spawn(c, log);
     s.delete(Gvr::calico("bgppeers"), "", "tor").unwrap();
     s.patch(
         NODES,
@@ -1325,14 +1415,107 @@ fn confd_renders_mesh_and_peers_from_kubernetes_nodes_and_bgppeer_crs() {
         &json!({"metadata": {"annotations": {"projectcalico.org/IPv4Address": "10.0.0.4/24"}}}),
     )
     .unwrap();
-    let r = once();
-    assert_eq!(r.code, 0, "{r:?}");
-    let bird = std::fs::read_to_string(cfg.join("bird.cfg")).unwrap();
-    assert!(!bird.contains("Global_10_0_0_254"), "{bird}");
-    assert!(
-        bird.contains("protocol bgp Mesh_10_0_0_4 from bgp_template"),
-        "{bird}"
+    for (node, cidr) in [("node1", "10.65.0.64/26"), ("node2", "10.65.1.0/26")] {
+        s.create(Gvr::calico("blockaffinities"), "", affinity_cr(node, cidr))
+            .unwrap();
+    }
+    let bird = || std::fs::read_to_string(cfg.join("bird.cfg")).unwrap_or_default();
+    wait_for("confd to render the changes", WAIT, || {
+        confd.alive();
+        let b = bird();
+        if !b.contains("Global_10_0_0_254")
+            && b.contains("protocol bgp Mesh_10_0_0_4 from bgp_template")
+            && b.contains("route 10.65.0.64/26 blackhole;")
+        {
+            Ok(())
+        } else {
+            Err(format!("{b}\nlog: {}", tail(&confd.log(), 10)))
+        }
+    });
+    assert!(bird().contains("route 10.65.0.0/26 blackhole;"));
+    assert!(!bird().contains("10.65.1.0/26"), "{}", bird());
+    bird_accepts(&cfg.join("bird.cfg"));
+
+    k.api.stop();
+    std::thread::sleep(Duration::from_millis(500));
+    s.patch(
+        NODES,
+        "",
+        "node3",
+        PatchType::Merge,
+        &json!({"metadata": {"annotations": {"projectcalico.org/IPv4Address": null}}}),
+    )
+    .unwrap();
+    k.api.start_again().unwrap();
+    wait_for(
+        "node3 to leave the mesh after the API server restart",
+        WAIT,
+        || {
+            confd.alive();
+            let b = bird();
+            if b.contains("Mesh_10_0_0_3") {
+                Err(format!("{b}\nlog: {}", tail(&confd.log(), 10)))
+            } else {
+                Ok(())
+            }
+        },
     );
+    assert!(bird().contains("Mesh_10_0_0_2"), "{}", bird());
+}
+
+fn affinity_cr(node: &str, cidr: &str) -> Value {
+    json!({
+        "apiVersion": "crd.projectcalico.org/v1", "kind": "BlockAffinity",
+        "metadata": {"name": format!("{node}-{}", cidr.replace(['.', '/'], "-")), "labels": {
+            "projectcalico.org/affinity-type": "host",
+            "projectcalico.org/hostname-hash": margay_kdd::names::hostname_hash(node),
+            "projectcalico.org/ip-version": "4"}},
+        "spec": {"state": "confirmed", "node": node, "type": "host", "cidr": cidr, "deleted": "false"},
+    })
+}
+
+/// A child process killed when dropped (also when a test fails), with its log.
+struct Proc {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Proc {
+    fn spawn(mut c: Command, log: PathBuf) -> Proc {
+        Proc {
+            child: Some(c.spawn().unwrap()),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Fails the test if the process exited.
+    fn alive(&self) {
+        // try_wait needs &mut; a signal-0 check via /proc keeps this &self.
+        let pid = self.child.as_ref().unwrap().id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r.trim_start())
+            .unwrap_or("");
+        assert!(
+            !stat.is_empty() && !state.starts_with('Z'),
+            "the process exited; log:\n{}",
+            tail(&self.log(), 30)
+        );
+    }
 }
 
 /// BIRD itself accepts the file (`bird -p -c`; scripts/setup installs bird2, as confd.rs needs).
@@ -1354,27 +1537,6 @@ fn bird_accepts(path: &std::path::Path) {
 // ---------------------------------------------------------------------------------------------
 // 5. Typha
 // ---------------------------------------------------------------------------------------------
-
-/// A running `margay typha`, killed when dropped.
-struct Typha {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Drop for Typha {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Typha {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
 
 /// What one Typha client saw: key → revision, and whether it is in sync.
 #[derive(Default)]
@@ -1447,10 +1609,7 @@ fn typha_is_the_only_api_watcher_for_fifty_felix_clients() {
         .env("TYPHA_PROMETHEUSMETRICSENABLED", "false")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap());
-    let mut typha = Typha {
-        child: Some(c.spawn().unwrap()),
-        log,
-    };
+    let typha = Proc::spawn(c, log);
 
     // What the datastore holds for the felix syncer, as the binary sees it.
     let expected_weps = 103; // web-1, web-2, client-1 and 100 load pods
@@ -1506,9 +1665,7 @@ fn typha_is_the_only_api_watcher_for_fifty_felix_clients() {
             .count()
     };
     wait_for("50 clients in sync with every pod", WAIT * 2, || {
-        if let Some(st) = typha.child.as_mut().unwrap().try_wait().unwrap() {
-            panic!("typha exited ({st}); log:\n{}", typha.log());
-        }
+        typha.alive();
         let lagging: Vec<usize> = clients
             .iter()
             .enumerate()
@@ -1620,4 +1777,149 @@ fn typha_is_the_only_api_watcher_for_fifty_felix_clients() {
         );
     }
     drop(rt);
+}
+
+/// The API resources the bgp syncer needs that the felix syncer does not.
+const BGP_ONLY_RESOURCES: [&str; 4] = [
+    "bgpconfigurations",
+    "bgppeers",
+    "bgpfilters",
+    "blockaffinities",
+];
+
+#[test]
+fn felix_and_confd_sync_through_typha_which_alone_watches_the_api() {
+    let k = Cluster::start();
+    k.seed();
+    let s = k.store();
+    for (node, ip) in [("node1", "10.0.0.1/24"), ("node2", "10.0.0.2/24")] {
+        let r = k.node_startup(node, ip);
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    let port = margay_testkit::free_port().unwrap();
+    let log = k.path("typha.log");
+    let mut c = k.margay();
+    c.args(["typha", "run", "-c"])
+        .arg(k.path("typha.cfg"))
+        .env("TYPHA_SERVERHOST", "127.0.0.1")
+        .env("TYPHA_SERVERPORT", port.to_string())
+        .env("TYPHA_HEALTHENABLED", "false")
+        .env("TYPHA_PROMETHEUSMETRICSENABLED", "false")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let typha = Proc::spawn(c, log);
+    let addr = format!("127.0.0.1:{port}");
+
+    // Felix and confd get everything from Typha: their kubeconfig leads nowhere.
+    let nowhere = k.path("no-such-kubeconfig");
+    let mut felix = Felix::start(
+        &k,
+        "node1",
+        &[
+            ("FELIX_TYPHAADDR", addr.as_str()),
+            ("KUBECONFIG", nowhere.to_str().unwrap()),
+        ],
+    );
+    let cfg = k.path("confd");
+    let log = k.path("confd.log");
+    let mut c = k.margay();
+    c.args([
+        "confd",
+        "--nodename",
+        "node1",
+        "--no-reload",
+        "--config-dir",
+    ])
+    .arg(&cfg)
+    .env("FELIX_TYPHAADDR", &addr)
+    .env("KUBECONFIG", &nowhere)
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log).unwrap());
+    let confd = Proc::spawn(c, log);
+
+    felix.wait("node1's pods through Typha", |st| {
+        let ids: Vec<String> = endpoints(st).into_keys().collect();
+        if ids == ["k8s/shop/web-1/eth0", "k8s/shop/web-2/eth0"] {
+            Ok(())
+        } else {
+            Err(format!("endpoints {ids:?}"))
+        }
+    });
+    let bird = || std::fs::read_to_string(cfg.join("bird.cfg")).unwrap_or_default();
+    let own_block = s
+        .list(Gvr::calico("blockaffinities"), None, "")
+        .unwrap()
+        .into_iter()
+        .find(|a| a["spec"]["node"] == "node1")
+        .map(|a| a["spec"]["cidr"].as_str().unwrap().to_string())
+        .unwrap();
+    wait_for("confd's config through Typha", WAIT, || {
+        confd.alive();
+        typha.alive();
+        let b = bird();
+        if b.contains("protocol bgp Mesh_10_0_0_2 from bgp_template")
+            && b.contains(&format!("route {own_block} blackhole;"))
+        {
+            Ok(())
+        } else {
+            Err(format!("{b}\nconfd log: {}", tail(&confd.log(), 10)))
+        }
+    });
+
+    // Typha is the only watcher: one watch per API resource and syncer type (nodes and pools
+    // are in both the felix and the bgp syncer, as in Calico's Typha), none from Felix or confd.
+    let mut want: BTreeMap<(String, String), usize> = felix_syncer_resources()
+        .into_iter()
+        .map(|(g, r)| ((g.to_string(), r.to_string()), 1))
+        .collect();
+    for r in BGP_ONLY_RESOURCES {
+        want.insert(("crd.projectcalico.org".into(), r.into()), 1);
+    }
+    for r in [("", "nodes"), ("crd.projectcalico.org", "ippools")] {
+        want.insert((r.0.into(), r.1.into()), 2);
+    }
+    wait_for("Typha's watches", WAIT, || {
+        let open: BTreeMap<(String, String), usize> = k
+            .api
+            .stats()
+            .open_watches
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        if open == want {
+            Ok(())
+        } else {
+            Err(format!("open watches {open:?}"))
+        }
+    });
+
+    // Changes reach both through Typha.
+    s.create(
+        PODS,
+        "shop",
+        pod("web-3", "node1", "web", None, IpVia::Status("10.65.0.4")),
+    )
+    .unwrap();
+    let peer = k.file(
+        "peer.yaml",
+        "apiVersion: projectcalico.org/v3\nkind: BGPPeer\nmetadata: {name: tor}\nspec: {peerIP: 10.0.0.254, asNumber: 65000}\n",
+    );
+    k.ctl_ok(&["apply", "-f", &peer]);
+    felix.wait("web-3 through Typha", |st| {
+        if endpoints(st).contains_key("k8s/shop/web-3/eth0") {
+            Ok(())
+        } else {
+            Err("no web-3".into())
+        }
+    });
+    wait_for("the BGPPeer through Typha", WAIT, || {
+        confd.alive();
+        let b = bird();
+        if b.contains("protocol bgp Global_10_0_0_254 from bgp_template") {
+            Ok(())
+        } else {
+            Err(format!("{b}\nconfd log: {}", tail(&confd.log(), 10)))
+        }
+    });
+    bird_accepts(&cfg.join("bird.cfg"));
 }

@@ -27,6 +27,10 @@
 //! - `can-reach=` asks the kernel which source address it would use towards the destination
 //!   (UDP `connect`, no packet sent), then returns that address with the prefix length of the
 //!   interface holding it, searching all interfaces (no exclusion list, any address kind).
+//! - `kubernetes-internal-ip` takes the Kubernetes Node's first InternalIP of the family (the
+//!   caller passes them: the Node's addresses of type InternalIP, which only the Kubernetes
+//!   datastore has) with the prefix length of the interface holding it, searching all
+//!   interfaces; an InternalIP on no interface is an error.
 //!
 //! One deliberate difference: `can-reach=` with nothing after `=` is rejected (Calico would dial
 //! the local host and pick a loopback address).
@@ -309,12 +313,24 @@ pub enum AutodetectError {
     )]
     MissingDestination,
     #[error(
-        "autodetection method kubernetes-internal-ip reads the Kubernetes Node's InternalIP and \
-         needs the Kubernetes datastore, which margay does not support yet; use another method \
-         (first-found, interface=, skip-interface=, cidr=, can-reach=) or set the address \
-         explicitly (IP= / IP6=)"
+        "{family} autodetection (kubernetes-internal-ip): the Node has no {family} InternalIP \
+         (it has: {}); the method reads the Kubernetes Node's status.addresses, so it needs the \
+         Kubernetes datastore (DATASTORE_TYPE=kubernetes) and a Node the kubelet gave an \
+         InternalIP of this family; use another method or set the address explicitly (IP= / IP6=)",
+        list_ips(have)
     )]
-    NeedsKubernetesDatastore,
+    NoInternalIp { family: Family, have: Vec<IpAddr> },
+    #[error(
+        "{family} autodetection (kubernetes-internal-ip): the Kubernetes Node's InternalIP {ip} \
+         is on none of this host's interfaces (interfaces seen: {}); check the kubelet's \
+         --node-ip, or use another method",
+        list_or_none(seen)
+    )]
+    InternalIpNotLocal {
+        family: Family,
+        ip: IpAddr,
+        seen: Vec<String>,
+    },
     #[error("cannot list the host's network interfaces: {0}")]
     Interfaces(#[source] io::Error),
     #[error(
@@ -502,11 +518,14 @@ impl Decisions {
     }
 }
 
-/// Runs `method` for `family` against the host seen through `net`.
+/// Runs `method` for `family` against the host seen through `net`. `internal_ips` are the
+/// InternalIP addresses of the Kubernetes Node (in the Kubernetes datastore, the Node's
+/// `spec.addresses` of type InternalIP), which only `kubernetes-internal-ip` reads.
 pub fn autodetect(
     method: &Method,
     family: Family,
     net: &dyn NetView,
+    internal_ips: &[IpAddr],
 ) -> Result<Detection, AutodetectError> {
     let default_excl = || -> Vec<(String, Regex, bool)> {
         default_exclusions()
@@ -535,8 +554,43 @@ pub fn autodetect(
         }
         Method::Cidr(cidrs) => filtered(method, family, net, &[], &[], cidrs),
         Method::CanReach(dest) => can_reach(dest, family, net),
-        Method::KubernetesInternalIp => Err(AutodetectError::NeedsKubernetesDatastore),
+        Method::KubernetesInternalIp => kubernetes_internal_ip(family, internal_ips, net),
     }
+}
+
+/// kubernetes-internal-ip, as Calico does it: the Node's first InternalIP of the family, with
+/// the prefix length of the interface holding it (every interface is searched, none excluded);
+/// an InternalIP no interface holds is an error.
+fn kubernetes_internal_ip(
+    family: Family,
+    internal_ips: &[IpAddr],
+    net: &dyn NetView,
+) -> Result<Detection, AutodetectError> {
+    let Some(ip) = internal_ips.iter().copied().find(|ip| family.matches(*ip)) else {
+        return Err(AutodetectError::NoInternalIp {
+            family,
+            have: internal_ips.to_vec(),
+        });
+    };
+    let ifaces = calico_order(net.interfaces().map_err(AutodetectError::Interfaces)?);
+    let Some((iface, cidr)) = find_holder(ip, &ifaces) else {
+        return Err(AutodetectError::InternalIpNotLocal {
+            family,
+            ip,
+            seen: ifaces.iter().map(|i| i.name.clone()).collect(),
+        });
+    };
+    let mut d = Decisions::default();
+    d.info(format!(
+        "{family} autodetection with method kubernetes-internal-ip: the Kubernetes Node's \
+         InternalIP {ip} is on {} as {cidr}",
+        label(iface)
+    ));
+    Ok(Detection {
+        address: cidr,
+        interface: iface.name.clone(),
+        decisions: d.0,
+    })
 }
 
 /// first-found, interface=, skip-interface= and cidr=: filter interfaces by name, then take the
@@ -802,7 +856,7 @@ mod tests {
     }
 
     fn detect(m: &str, family: Family, n: &FakeNet) -> Result<Detection, AutodetectError> {
-        autodetect(&Method::parse(m).unwrap(), family, n)
+        autodetect(&Method::parse(m).unwrap(), family, n, &[])
     }
 
     fn ok(m: &str, family: Family, n: &FakeNet) -> (String, String) {
@@ -1377,13 +1431,54 @@ mod tests {
     }
 
     #[test]
-    fn kubernetes_internal_ip_needs_kubernetes_datastore() {
+    fn kubernetes_internal_ip_takes_the_interface_prefix_of_the_nodes_internal_ip() {
         let n = host();
-        let e = detect("kubernetes-internal-ip", Family::V4, &n).unwrap_err();
-        assert!(matches!(e, AutodetectError::NeedsKubernetesDatastore));
+        let ips: Vec<IpAddr> = vec![
+            "2001:db8:0:1::5".parse().unwrap(),
+            "192.168.50.7".parse().unwrap(),
+            "10.0.0.5".parse().unwrap(),
+        ];
+        let m = Method::parse("kubernetes-internal-ip").unwrap();
+        // The first of the family, even when another interface comes first in Calico's order.
+        let d = autodetect(&m, Family::V4, &n, &ips).unwrap();
+        assert_eq!(
+            (d.interface.as_str(), d.address.to_string().as_str()),
+            ("eth1", "192.168.50.7/24")
+        );
+        let d = autodetect(&m, Family::V6, &n, &ips).unwrap();
+        assert_eq!(d.address.to_string(), "2001:db8:0:1::5/64");
+        // Interfaces Calico's other methods skip are searched too.
+        let d = autodetect(&m, Family::V4, &n, &["172.17.0.1".parse().unwrap()]).unwrap();
+        assert_eq!(
+            (d.interface.as_str(), d.address.to_string().as_str()),
+            ("docker0", "172.17.0.1/16")
+        );
+    }
+
+    #[test]
+    fn kubernetes_internal_ip_fails_without_a_local_internal_ip_of_the_family() {
+        let n = host();
+        let m = Method::parse("kubernetes-internal-ip").unwrap();
+        let e = autodetect(&m, Family::V6, &n, &["10.0.0.5".parse().unwrap()]).unwrap_err();
+        assert!(matches!(e, AutodetectError::NoInternalIp { .. }), "{e}");
         let msg = e.to_string();
-        assert!(msg.contains("Kubernetes datastore"), "{msg}");
-        assert!(msg.contains("not support"), "{msg}");
+        assert!(
+            msg.contains("no IPv6 InternalIP (it has: 10.0.0.5)")
+                && msg.contains("DATASTORE_TYPE=kubernetes"),
+            "{msg}"
+        );
+        let e = autodetect(&m, Family::V4, &n, &[]).unwrap_err();
+        assert!(e.to_string().contains("it has: none"), "{e}");
+        let e = autodetect(&m, Family::V4, &n, &["10.1.2.3".parse().unwrap()]).unwrap_err();
+        assert!(
+            matches!(e, AutodetectError::InternalIpNotLocal { .. }),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("InternalIP 10.1.2.3 is on none of this host's interfaces"),
+            "{e}"
+        );
     }
 
     #[test]

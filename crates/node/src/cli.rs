@@ -223,6 +223,7 @@ fn startup(
         version: env!("CARGO_PKG_VERSION").to_string(),
         wait_timeout: a.wait_timeout.map(Duration::from_secs),
         kernel_has_ipv6: std::path::Path::new("/proc/sys/net/ipv6").exists(),
+        kubernetes_datastore: ds.datastore_type == margay_datastore::DatastoreType::Kubernetes,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -182,6 +182,9 @@ pub struct StartupOptions {
     pub wait_timeout: Option<Duration>,
     /// Whether /proc/sys/net/ipv6 exists (IPv6 pools need it).
     pub kernel_has_ipv6: bool,
+    /// The datastore is the Kubernetes API, where Calico's start-up leaves per-node Felix
+    /// configuration to the DaemonSet's FELIX_* variables (no FelixConfiguration `node.<name>`).
+    pub kubernetes_datastore: bool,
 }
 
 /// A snapshot of the host's interfaces for the duration of start-up; route lookups are made
@@ -407,6 +410,15 @@ fn configure_addresses(
         node.spec.interfaces.clone(),
     );
 
+    // kubernetes-internal-ip reads the Kubernetes Node's InternalIPs, which the Kubernetes
+    // datastore shows as the Node's addresses of type InternalIP.
+    let internal_ips: Vec<IpAddr> = node
+        .spec
+        .addresses
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .filter_map(|a| a.address.parse().ok())
+        .collect();
     let v4_auto = matches!(cfg.ipv4, AddressSetting::Autodetect)
         || (cfg.ipv4 == AddressSetting::Unset && bgp.ipv4_address.is_empty());
     bgp.ipv4_address = choose(
@@ -418,6 +430,7 @@ fn configure_addresses(
         "IP_AUTODETECTION_METHOD",
         &bgp.ipv4_address,
         net,
+        &internal_ips,
         outcome,
     )?;
     let v6_auto = matches!(cfg.ipv6, AddressSetting::Autodetect);
@@ -430,6 +443,7 @@ fn configure_addresses(
         "IP6_AUTODETECTION_METHOD",
         &bgp.ipv6_address,
         net,
+        &internal_ips,
         outcome,
     )?;
 
@@ -491,6 +505,7 @@ fn choose(
     method_var: &'static str,
     existing: &str,
     net: &dyn NetView,
+    internal_ips: &[IpAddr],
     outcome: &mut Outcome,
 ) -> Result<String, StartupError> {
     let version = if matches!(family, Family::V4) { 4 } else { 6 };
@@ -498,7 +513,7 @@ fn choose(
         // An unknown method is fatal; a bad regex or CIDR only makes detection fail (a Node
         // that already has an address keeps it), as in Calico.
         let detected = match Method::parse(method) {
-            Ok(m) => autodetect::autodetect(&m, family, net),
+            Ok(m) => autodetect::autodetect(&m, family, net, internal_ips),
             Err(e @ autodetect::AutodetectError::UnknownMethod { .. }) => {
                 return Err(StartupError::Config(crate::config::ConfigError {
                     var: method_var,
@@ -830,30 +845,32 @@ async fn ensure_defaults<B: KvBackend>(
     })
     .await?;
     // FelixConfiguration "node.<name>": workload-to-host traffic returns to the host's
-    // chains unless set (Calico does this for non-Kubernetes datastores).
-    complete_or_create(
-        client,
-        Kind::FelixConfiguration,
-        &format!("node.{node_name}"),
-        outcome,
-        |r| {
-            let Resource::FelixConfiguration(f) = r else {
-                return false;
-            };
-            if f.spec
-                .default_endpoint_to_host_action
-                .as_deref()
-                .unwrap_or_default()
-                .is_empty()
-            {
-                f.spec.default_endpoint_to_host_action = Some("Return".into());
-                true
-            } else {
-                false
-            }
-        },
-    )
-    .await?;
+    // chains unless set (Calico does this for non-Kubernetes datastores only).
+    if !opts.kubernetes_datastore {
+        complete_or_create(
+            client,
+            Kind::FelixConfiguration,
+            &format!("node.{node_name}"),
+            outcome,
+            |r| {
+                let Resource::FelixConfiguration(f) = r else {
+                    return false;
+                };
+                if f.spec
+                    .default_endpoint_to_host_action
+                    .as_deref()
+                    .unwrap_or_default()
+                    .is_empty()
+                {
+                    f.spec.default_endpoint_to_host_action = Some("Return".into());
+                    true
+                } else {
+                    false
+                }
+            },
+        )
+        .await?;
+    }
     create_missing(
         client,
         Resource::BGPConfiguration(BGPConfiguration::new(

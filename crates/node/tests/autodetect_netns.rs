@@ -123,7 +123,7 @@ fn multi_nic(ns: &Netns) -> io::Result<()> {
 
 fn detect(method: &str, family: Family) -> Result<Detection, AutodetectError> {
     let m = Method::parse(method).unwrap();
-    let r = autodetect(&m, family, &SystemNet);
+    let r = autodetect(&m, family, &SystemNet, &[]);
     match &r {
         Ok(d) => println!(
             "{method} {family}: {} on {}\n  {}",

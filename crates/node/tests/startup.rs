@@ -52,6 +52,7 @@ fn opts() -> StartupOptions {
         version: "v0.1.0-test".into(),
         wait_timeout: Some(std::time::Duration::from_secs(1)),
         kernel_has_ipv6: true,
+        kubernetes_datastore: false,
     }
 }
 
@@ -171,6 +172,80 @@ async fn first_start_registers_everything_and_second_start_changes_nothing() {
     assert!(!again.node_written);
     assert!(again.created.is_empty(), "{:?}", again.created);
     assert_eq!(versions(&client).await, before);
+}
+
+#[tokio::test]
+async fn kubernetes_internal_ip_uses_the_nodes_internal_ip_and_its_interface_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    // The Node as the Kubernetes datastore shows it: the kubelet's addresses, no BGP spec yet.
+    let mut n = Node::new(ObjectMeta::named("node-k"), Default::default());
+    n.spec.addresses = vec![
+        margay_api::endpoint::NodeAddress {
+            address: "203.0.113.9".into(),
+            type_: "ExternalIP".into(),
+        },
+        margay_api::endpoint::NodeAddress {
+            address: "10.0.0.5".into(),
+            type_: "InternalIP".into(),
+        },
+    ];
+    client.create(Resource::Node(n)).await.unwrap();
+    let env = Env::new(&[
+        ("IP", "autodetect"),
+        ("IP_AUTODETECTION_METHOD", "kubernetes-internal-ip"),
+    ]);
+    let out = start(&client, dir.path(), &env, "node-k", &host())
+        .await
+        .unwrap();
+    assert_eq!(out.ipv4.as_deref(), Some("10.0.0.5/24"));
+    assert_eq!(
+        node(&client, "node-k").await.spec.bgp.unwrap().ipv4_address,
+        "10.0.0.5/24"
+    );
+    // A Node without an InternalIP (any datastore but Kubernetes'): a failure saying why.
+    let e = start(&client, dir.path(), &env, "node-new", &host())
+        .await
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("no IPv4 InternalIP") && msg.contains("IP_AUTODETECTION_METHOD"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn no_per_node_felix_configuration_in_the_kubernetes_datastore() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    let env = Env::new(&[("IP", "10.0.0.5/24")]);
+    let fc = |name: &str| ResourceKey {
+        kind: Kind::FelixConfiguration,
+        namespace: String::new(),
+        name: name.into(),
+    };
+    let kube = StartupOptions {
+        kubernetes_datastore: true,
+        ..opts()
+    };
+    run(
+        &env.config(),
+        "node-a",
+        &client,
+        &host(),
+        &Paths::new(dir.path()),
+        &kube,
+    )
+    .await
+    .unwrap();
+    // Calico's start-up leaves per-node settings to the DaemonSet's FELIX_* variables there.
+    assert!(client.get(&fc("node.node-a")).await.is_err());
+    assert!(client.get(&fc("default")).await.is_ok());
+    let env_b = Env::new(&[("IP", "10.0.0.6/24")]);
+    start(&client, dir.path(), &env_b, "node-b", &host())
+        .await
+        .unwrap();
+    assert!(client.get(&fc("node.node-b")).await.is_ok());
 }
 
 #[tokio::test]

@@ -119,16 +119,16 @@ fn sent_of(value: &[u8]) -> Option<u64> {
 
 /// What one lean client saw.
 #[derive(Debug, Default)]
-struct ClientResult {
-    in_sync_after: Option<Duration>,
-    snapshot_kvs: usize,
-    latencies_us: Vec<u32>,
-    error: Option<String>,
+pub struct ClientResult {
+    pub in_sync_after: Option<Duration>,
+    pub snapshot_kvs: usize,
+    pub latencies_us: Vec<u32>,
+    pub error: Option<String>,
 }
 
 /// A lean client: handshake, count the snapshot, then (optionally) measure latencies until
-/// `until`.
-async fn lean_client(
+/// `until` (milliseconds after `epoch`).
+pub async fn lean_client(
     addr: String,
     start: Instant,
     until: Arc<AtomicU64>,

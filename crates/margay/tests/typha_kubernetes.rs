@@ -1,0 +1,361 @@
+//! Finding Typha through Kubernetes, with the real binaries: `margay typha` serves the
+//! embedded store, the Kubernetes API double holds only Typha's EndpointSlices, and
+//! `margay felix` / `margay confd --once` are given nothing but FELIX_TYPHAK8SSERVICENAME and
+//! a kubeconfig — no Typha address, and a datastore path that does not exist.
+#![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use margay_apiserver::{ApiServer, Gvr, ServerOptions};
+use serde_json::{Value, json};
+
+const HOST: &str = "node1";
+const SLICES: Gvr<'static> = Gvr::new("discovery.k8s.io", "v1", "endpointslices");
+
+const SEED: &str = "apiVersion: projectcalico.org/v3
+kind: Node
+metadata: {name: node2}
+spec: {bgp: {ipv4Address: 10.0.0.2/24}}
+---
+apiVersion: projectcalico.org/v3
+kind: IPPool
+metadata: {name: default-pool}
+spec: {cidr: 10.65.0.0/16, vxlanMode: Always, natOutgoing: true, blockSize: 26}
+---
+apiVersion: projectcalico.org/v3
+kind: Profile
+metadata: {name: kns.ns1}
+spec:
+  ingress: [{action: Allow}]
+  egress: [{action: Allow}]
+---
+apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata: {name: node1-k8s-web1-eth0, namespace: ns1, labels: {app: web}}
+spec: {orchestrator: k8s, node: node1, pod: web1, endpoint: eth0, interfaceName: caliweb1, ipNetworks: [10.65.0.2/32], profiles: [kns.ns1]}
+---
+apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata: {name: node1-k8s-web2-eth0, namespace: ns1, labels: {app: web}}
+spec: {orchestrator: k8s, node: node1, pod: web2, endpoint: eth0, interfaceName: caliweb2, ipNetworks: [10.65.0.3/32], profiles: [kns.ns1]}
+";
+
+/// `margay` with only the given datastore and no kernel access (recording dataplane).
+fn margay(store: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_margay"));
+    c.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("DATASTORE_TYPE", "local")
+        .env("DATASTORE_PATH", store)
+        .env("MARGAY_DATAPLANE", "recording");
+    c
+}
+
+fn run_ok(mut c: Command) -> String {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{c:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// node1 registered as `margay node startup` does, node2, a pool and two local workloads.
+fn seed(store: &Path, dir: &Path) {
+    let mut c = margay(store);
+    c.args(["node", "startup", "--root"])
+        .arg(dir.join("root"))
+        .env("NODENAME", HOST)
+        .env("IP", "10.0.0.1/24")
+        .env("NO_DEFAULT_POOLS", "true");
+    run_ok(c);
+    let file = dir.join("seed.yaml");
+    std::fs::write(&file, SEED).unwrap();
+    let mut c = margay(store);
+    c.args(["ctl", "apply", "-f"]).arg(&file);
+    run_ok(c);
+}
+
+/// A child process, killed when dropped (also when a test fails).
+struct Proc {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Proc {
+    fn spawn(mut c: Command, log: PathBuf) -> Proc {
+        c.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        Proc {
+            child: Some(c.spawn().unwrap()),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().unwrap().try_wait().unwrap()
+    }
+
+    /// Waits (bounded) until the log contains `text`.
+    fn wait_log(&mut self, text: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.log().contains(text) {
+            if let Some(s) = self.exited() {
+                panic!("exited ({s}) before logging {text:?}; log:\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{text:?} not logged within {within:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `margay typha` over the embedded store, on 127.0.0.1:`port`.
+fn start_typha(store: &Path, dir: &Path, port: u16) -> Proc {
+    let mut c = margay(store);
+    c.args(["typha", "run", "-c"])
+        .arg(dir.join("typha.cfg"))
+        .env("TYPHA_SERVERHOST", "127.0.0.1")
+        .env("TYPHA_SERVERPORT", port.to_string());
+    Proc::spawn(c, dir.join("typha.log"))
+}
+
+/// The API double (holding only Typha's EndpointSlices) and a kubeconfig for it.
+fn api(dir: &Path) -> (ApiServer, PathBuf) {
+    let api = ApiServer::start(ServerOptions::default()).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    (api, kubeconfig)
+}
+
+fn slice(name: &str, ports: Value, endpoints: Value) -> Value {
+    json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "kube-system",
+                     "labels": {"kubernetes.io/service-name": "calico-typha"}},
+        "addressType": "IPv4",
+        "ports": ports,
+        "endpoints": endpoints,
+    })
+}
+
+/// Typha's slices: the real one on this node; an unready one and one on another port, both
+/// at ports where nothing listens (a client that tried them would not get in sync from them).
+fn publish_typha(api: &ApiServer, typha_port: u16) {
+    let dead = margay_testkit::free_port().unwrap();
+    let store = api.store();
+    store
+        .create(
+            SLICES,
+            "kube-system",
+            slice(
+                "calico-typha-main",
+                json!([{"name": "calico-typha", "port": typha_port, "protocol": "TCP"}]),
+                json!([
+                    {"addresses": ["127.0.0.1"], "nodeName": HOST, "conditions": {"ready": true}},
+                ]),
+            ),
+        )
+        .unwrap();
+    store
+        .create(
+            SLICES,
+            "kube-system",
+            slice(
+                "calico-typha-unready",
+                json!([{"name": "calico-typha", "port": dead, "protocol": "TCP"}]),
+                json!([
+                    {"addresses": ["127.0.0.3"], "nodeName": HOST, "conditions": {"ready": false}},
+                ]),
+            ),
+        )
+        .unwrap();
+    store
+        .create(
+            SLICES,
+            "kube-system",
+            slice(
+                "calico-typha-metrics",
+                json!([{"name": "metrics", "port": dead, "protocol": "TCP"}]),
+                json!([{"addresses": ["127.0.0.4"], "nodeName": HOST}]),
+            ),
+        )
+        .unwrap();
+}
+
+/// One GET on 127.0.0.1; None when nothing answers.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+#[test]
+fn felix_finds_typha_through_its_endpoint_slices_and_syncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("datastore.db");
+    seed(&store, dir.path());
+    let typha_port = margay_testkit::free_port().unwrap();
+    let mut typha = start_typha(&store, dir.path(), typha_port);
+    typha.wait_log("Typha listening for clients", Duration::from_secs(20));
+    let (api, kubeconfig) = api(dir.path());
+
+    // Felix reads nothing from the datastore with Typha: a path that does not exist proves it.
+    let unused = dir.path().join("not-there/datastore.db");
+    let health_port = margay_testkit::free_port().unwrap();
+    let socket = dir.path().join("run/felix.sock");
+    let mut c = margay(&unused);
+    c.args(["felix", "run", "-c"])
+        .arg(dir.path().join("felix.cfg"))
+        .arg("--status-socket")
+        .arg(&socket)
+        .env("FELIX_FELIXHOSTNAME", HOST)
+        .env("FELIX_HEALTHENABLED", "true")
+        .env("FELIX_HEALTHHOST", "127.0.0.1")
+        .env("FELIX_HEALTHPORT", health_port.to_string())
+        .env("FELIX_TYPHAK8SSERVICENAME", "calico-typha")
+        .env("KUBECONFIG", &kubeconfig);
+    let mut felix = Proc::spawn(c, dir.path().join("felix.log"));
+
+    // No EndpointSlice yet: Felix says why it cannot start, and keeps looking.
+    felix.wait_log(
+        "no ready endpoints for service kube-system/calico-typha with a port named calico-typha",
+        Duration::from_secs(20),
+    );
+    assert_eq!(
+        http_get(health_port, "/readiness").map(|(code, _)| code),
+        Some(503)
+    );
+    publish_typha(&api, typha_port);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some((200, _)) = http_get(health_port, "/readiness") {
+            break;
+        }
+        if let Some(s) = felix.exited() {
+            panic!("felix exited ({s}); log:\n{}", felix.log());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "felix not ready within 30 s; log:\n{}\ntypha log:\n{}",
+            felix.log(),
+            typha.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut c = margay(&unused);
+    c.args(["felix", "status", "--json", "--status-socket"])
+        .arg(&socket);
+    let st: Value = serde_json::from_str(&run_ok(c)).unwrap();
+    assert_eq!(st["endpoints"].as_array().unwrap().len(), 2, "{st}");
+    let addr = format!("127.0.0.1:{typha_port}");
+    // Which Typha it found (only the ready endpoint with Typha's port), and uses.
+    assert_eq!(
+        st["datastore"],
+        format!("typha {addr} (this node) (Kubernetes service kube-system/calico-typha)"),
+        "{st}"
+    );
+    let conn = st["health"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == "TyphaConnection")
+        .unwrap_or_else(|| panic!("no TyphaConnection reporter: {st}"));
+    assert!(
+        conn["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("connected to Typha at {addr} (")),
+        "{conn}"
+    );
+    assert!(!dir.path().join("not-there").exists());
+}
+
+#[test]
+fn confd_renders_through_typha_found_in_kubernetes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("datastore.db");
+    seed(&store, dir.path());
+    let typha_port = margay_testkit::free_port().unwrap();
+    let mut typha = start_typha(&store, dir.path(), typha_port);
+    typha.wait_log("Typha listening for clients", Duration::from_secs(20));
+    let (api, kubeconfig) = api(dir.path());
+    publish_typha(&api, typha_port);
+
+    let cfg = dir.path().join("confd");
+    let mut c = margay(&dir.path().join("not-there/datastore.db"));
+    c.args([
+        "confd",
+        "--once",
+        "--no-reload",
+        "--nodename",
+        HOST,
+        "--config-dir",
+    ])
+    .arg(&cfg)
+    .env("CALICO_TYPHAK8SSERVICENAME", "calico-typha")
+    .env("KUBECONFIG", &kubeconfig);
+    let (status, stderr) = run_bounded(c, &dir.path().join("confd.log"), Duration::from_secs(60));
+    assert!(status.success(), "{stderr}\ntypha log:\n{}", typha.log());
+    assert!(stderr.contains("found through Kubernetes"), "{stderr}");
+    let bird = std::fs::read_to_string(cfg.join("bird.cfg")).unwrap();
+    assert!(
+        bird.contains("protocol bgp Mesh_10_0_0_2 from bgp_template"),
+        "{bird}"
+    );
+    assert!(!dir.path().join("not-there").exists());
+}
+
+/// Runs `c` to completion (killed after `within`); its exit status and its stderr, which goes
+/// to `log` (a file, so a chatty child never blocks on a full pipe).
+fn run_bounded(mut c: Command, log: &Path, within: Duration) -> (std::process::ExitStatus, String) {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap());
+    let mut child = c.spawn().unwrap();
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status, std::fs::read_to_string(log).unwrap_or_default());
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{c:?} did not finish within {within:?}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
