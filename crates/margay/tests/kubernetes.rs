@@ -1565,6 +1565,8 @@ fn felix_syncer_resources() -> Vec<(&'static str, &'static str)> {
         "networksets",
         "globalnetworksets",
         "ipamblocks",
+        // Service CIDRs for ServiceLoopPrevention (Calico's felix syncer has it too).
+        "bgpconfigurations",
     ] {
         v.push(("crd.projectcalico.org", plural));
     }
@@ -1780,12 +1782,7 @@ fn typha_is_the_only_api_watcher_for_fifty_felix_clients() {
 }
 
 /// The API resources the bgp syncer needs that the felix syncer does not.
-const BGP_ONLY_RESOURCES: [&str; 4] = [
-    "bgpconfigurations",
-    "bgppeers",
-    "bgpfilters",
-    "blockaffinities",
-];
+const BGP_ONLY_RESOURCES: [&str; 3] = ["bgppeers", "bgpfilters", "blockaffinities"];
 
 #[test]
 fn felix_and_confd_sync_through_typha_which_alone_watches_the_api() {
@@ -1866,8 +1863,9 @@ fn felix_and_confd_sync_through_typha_which_alone_watches_the_api() {
         }
     });
 
-    // Typha is the only watcher: one watch per API resource and syncer type (nodes and pools
-    // are in both the felix and the bgp syncer, as in Calico's Typha), none from Felix or confd.
+    // Typha is the only watcher: one watch per API resource and syncer type (nodes, pools and
+    // BGP configurations are in both the felix and the bgp syncer, as in Calico's Typha), none
+    // from Felix or confd.
     let mut want: BTreeMap<(String, String), usize> = felix_syncer_resources()
         .into_iter()
         .map(|(g, r)| ((g.to_string(), r.to_string()), 1))
@@ -1875,7 +1873,11 @@ fn felix_and_confd_sync_through_typha_which_alone_watches_the_api() {
     for r in BGP_ONLY_RESOURCES {
         want.insert(("crd.projectcalico.org".into(), r.into()), 1);
     }
-    for r in [("", "nodes"), ("crd.projectcalico.org", "ippools")] {
+    for r in [
+        ("", "nodes"),
+        ("crd.projectcalico.org", "ippools"),
+        ("crd.projectcalico.org", "bgpconfigurations"),
+    ] {
         want.insert((r.0.into(), r.1.into()), 2);
     }
     wait_for("Typha's watches", WAIT, || {
