@@ -1230,6 +1230,67 @@ spec:
     assert_eq!(st["ready"], true, "{st}");
     assert_eq!(st["problems"], json!([]), "{st}");
 
+    // An object edited into something margay cannot read (a policy action Calico does not
+    // have, a pod address that is no address) no longer applies, as when it is read afresh:
+    // Felix must not keep enforcing its previous version.
+    s.patch(
+        Gvr::calico("globalnetworkpolicies"),
+        "",
+        "allow-dns",
+        PatchType::Merge,
+        &json!({"spec": {"egress": [{"action": "Allowed"}]}}),
+    )
+    .unwrap();
+    s.patch(
+        PODS,
+        "shop",
+        "web-2",
+        PatchType::Merge,
+        &json!({"metadata": {"annotations": {
+            "cni.projectcalico.org/podIP": "not-an-ip",
+            "cni.projectcalico.org/podIPs": "not-an-ip"}}}),
+    )
+    .unwrap();
+    felix.wait("the unreadable policy and pod to stop applying", |st| {
+        let eps = endpoints(st);
+        if eps.contains_key("k8s/shop/web-2/eth0") {
+            return Err("web-2 is still programmed".into());
+        }
+        let web3 = eps.get("k8s/shop/web-3/eth0").ok_or("no web-3")?;
+        if has_policy(&egress_policies(web3), "allow-dns") {
+            return Err("allow-dns still applies".into());
+        }
+        Ok(())
+    });
+    // Readable again: back.
+    s.patch(
+        Gvr::calico("globalnetworkpolicies"),
+        "",
+        "allow-dns",
+        PatchType::Merge,
+        &json!({"spec": {"egress": [{"action": "Allow", "protocol": "UDP",
+                                     "destination": {"ports": [53]}}]}}),
+    )
+    .unwrap();
+    s.patch(
+        PODS,
+        "shop",
+        "web-2",
+        PatchType::Merge,
+        &json!({"metadata": {"annotations": {
+            "cni.projectcalico.org/podIP": "10.65.0.3/32",
+            "cni.projectcalico.org/podIPs": "10.65.0.3/32"}}}),
+    )
+    .unwrap();
+    felix.wait("the policy and pod back", |st| {
+        let eps = endpoints(st);
+        let web2 = eps.get("k8s/shop/web-2/eth0").ok_or("no web-2")?;
+        if !has_policy(&egress_policies(web2), "allow-dns") {
+            return Err("allow-dns missing".into());
+        }
+        Ok(())
+    });
+
     // The kubelet's heartbeats change the Node object all the time; that is no configuration
     // change (Felix stays up), and what follows is still seen.
     for i in 0..3 {
