@@ -221,6 +221,16 @@ pub fn builtins() -> Vec<ResourceDef> {
             false,
             vec![],
         ),
+        builtin(
+            "coordination.k8s.io",
+            "leases",
+            "Lease",
+            true,
+            &[],
+            false,
+            false,
+            vec![],
+        ),
         ResourceDef {
             singular: "customresourcedefinition".into(),
             ..builtin(

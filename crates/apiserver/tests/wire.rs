@@ -466,6 +466,7 @@ async fn discovery_and_openapi() {
         [
             "networking.k8s.io",
             "discovery.k8s.io",
+            "coordination.k8s.io",
             "apiextensions.k8s.io",
             "crd.projectcalico.org"
         ]
