@@ -523,6 +523,32 @@ fn ctl_writes_calico_custom_resources_and_shows_derived_objects() {
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.err.contains("does not exist"), "{r:?}");
 
+    // A policy edited (with kubectl) into something margay cannot read can still be deleted,
+    // as an undecodable etcd value can; why it could not be read is reported.
+    let gnp_file = k.file(
+        "gnp.yaml",
+        "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: allow-dns}\nspec: {selector: all(), egress: [{action: Allow}]}\n",
+    );
+    k.ctl_ok(&["create", "-f", &gnp_file]);
+    s.patch(
+        Gvr::calico("globalnetworkpolicies"),
+        "",
+        "allow-dns",
+        PatchType::Merge,
+        &json!({"spec": {"egress": [{"action": "Allowed"}]}}),
+    )
+    .unwrap();
+    let r = k.ctl(&["get", "globalnetworkpolicy", "allow-dns"]);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.err.contains("unknown variant `Allowed`"), "{r:?}");
+    let r = k.ctl(&["delete", "globalnetworkpolicy", "allow-dns"]);
+    assert!(r.err.contains("unknown variant `Allowed`"), "{r:?}");
+    assert!(
+        s.get(Gvr::calico("globalnetworkpolicies"), "", "allow-dns")
+            .is_err(),
+        "the unreadable policy is still there: {r:?}"
+    );
+
     // --- The derived kinds, through calicoctl's config file. ---
     let weps = k.ctl_with_config_file(&["get", "workloadendpoints", "-A", "-o", "wide"]);
     assert_eq!(weps.code, 0, "{weps:?}");
