@@ -294,6 +294,7 @@ mod tests {
             [
                 "networking.k8s.io",
                 "discovery.k8s.io",
+                "coordination.k8s.io",
                 "apiextensions.k8s.io",
                 "crd.projectcalico.org"
             ]

@@ -193,6 +193,28 @@ pub fn builtins() -> Vec<ResourceDef> {
         ),
         builtin(
             "",
+            "events",
+            "Event",
+            true,
+            &["ev"],
+            false,
+            false,
+            vec![
+                "involvedObject.kind",
+                "involvedObject.namespace",
+                "involvedObject.name",
+                "involvedObject.uid",
+                "involvedObject.apiVersion",
+                "involvedObject.resourceVersion",
+                "involvedObject.fieldPath",
+                "reason",
+                "reportingComponent",
+                "source",
+                "type",
+            ],
+        ),
+        builtin(
+            "",
             "secrets",
             "Secret",
             true,
@@ -215,6 +237,16 @@ pub fn builtins() -> Vec<ResourceDef> {
             "discovery.k8s.io",
             "endpointslices",
             "EndpointSlice",
+            true,
+            &[],
+            false,
+            false,
+            vec![],
+        ),
+        builtin(
+            "coordination.k8s.io",
+            "leases",
+            "Lease",
             true,
             &[],
             false,
@@ -473,6 +505,19 @@ mod tests {
         assert_eq!(np.list_kind, "NetworkPolicyList");
         assert_eq!(defs.iter().filter(|d| d.namespaced).count(), 4);
         assert_eq!(defs.iter().filter(|d| d.status).count(), 4);
+    }
+
+    #[test]
+    fn builtins_serve_what_kubectl_and_calico_use() {
+        let b = builtins();
+        let find = |p: &str| b.iter().find(|d| d.plural == p).unwrap();
+        assert!(find("events").field_supported("involvedObject.name"));
+        assert_eq!(find("leases").group, "coordination.k8s.io");
+        assert_eq!(find("pods").short_names, ["po"]);
+        assert!(find("pods").field_supported("spec.nodeName"));
+        assert!(!find("pods").field_supported("spec.bogus"));
+        assert_eq!(find("services").categories, ["all"]);
+        assert!(!find("nodes").namespaced);
     }
 
     #[test]

@@ -266,10 +266,13 @@ fn not_found() -> ApiError {
 
 /// One request, start to end. Never panics on input; every error is a Status.
 pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
-    match route(shared, req).await {
+    let (method, uri) = (req.method().clone(), req.uri().clone());
+    let r = match route(shared, req).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
-    }
+    };
+    tracing::debug!(%method, %uri, status = r.status().as_u16(), "request");
+    r
 }
 
 async fn route(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {

@@ -4,8 +4,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -598,19 +598,20 @@ fn delete_waits_and_honours_finalizers() {
             json!({"metadata": {"name": "held", "finalizers": ["example.com/hold"]}}),
         )
         .unwrap();
-    let mut child = kc
-        .cmd(&["delete", "cm", "held", "-n", "x", "--timeout=30s"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Reaper(
+        kc.cmd(&["delete", "cm", "held", "-n", "x", "--timeout=30s"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let s = kc.store();
     assert!(wait_until(Duration::from_secs(20), || s
         .get(Gvr::core("configmaps"), "x", "held")
         .is_ok_and(|c| c["metadata"]["deletionTimestamp"].is_string())));
     std::thread::sleep(Duration::from_millis(300));
     assert!(
-        child.try_wait().unwrap().is_none(),
+        child.0.try_wait().unwrap().is_none(),
         "kubectl delete waits while the finalizer holds the object"
     );
     s.patch(
@@ -623,7 +624,7 @@ fn delete_waits_and_honours_finalizers() {
     .unwrap();
     let end = Instant::now() + Duration::from_secs(20);
     let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
+        if let Some(st) = child.0.try_wait().unwrap() {
             break st;
         }
         assert!(
@@ -634,7 +635,7 @@ fn delete_waits_and_honours_finalizers() {
     };
     assert!(status.success());
     let mut out = String::new();
-    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    std::io::Read::read_to_string(child.0.stdout.as_mut().unwrap(), &mut out).unwrap();
     assert_eq!(out, "configmap \"held\" deleted\n");
     // Deleting a namespace deletes what is in it.
     kc.ok(&["delete", "ns", "y"]);
@@ -648,6 +649,16 @@ fn delete_waits_and_honours_finalizers() {
     // --dry-run=server deletes nothing.
     kc.ok(&["delete", "pod", "b", "-n", "x", "--dry-run=server"]);
     assert!(kc.store().get(Gvr::core("pods"), "x", "b").is_ok());
+}
+
+/// A child process killed (if still running) when the test ends, also on a failed assertion.
+struct Reaper(Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 fn wait_until(d: Duration, mut f: impl FnMut() -> bool) -> bool {
@@ -786,8 +797,6 @@ spec:
         err.contains("NotFound") || err.contains("doesn't have a resource type"),
         "{err}"
     );
-    let _ = std::io::stderr().flush();
-    let _ = Path::new("");
 }
 
 #[test]

@@ -466,6 +466,7 @@ async fn discovery_and_openapi() {
         [
             "networking.k8s.io",
             "discovery.k8s.io",
+            "coordination.k8s.io",
             "apiextensions.k8s.io",
             "crd.projectcalico.org"
         ]
@@ -736,4 +737,89 @@ async fn injected_faults() {
     let st = server.stats();
     assert_eq!(st.request_count("list", "", "pods"), 3);
     assert_eq!(st.request_count("create", "", "configmaps"), 1);
+}
+
+#[tokio::test]
+async fn hostile_requests_get_statuses_and_the_server_survives() {
+    let server = common::calico_server();
+    let s = server.store();
+    s.create(Gvr::core("pods"), "default", common::pod("p", json!({})))
+        .unwrap();
+    s.create(
+        Gvr::calico("ippools"),
+        "",
+        json!({"metadata": {"name": "pool"}, "spec": {}}),
+    )
+    .unwrap();
+    let c = common::kube_client(&server).await;
+    let paths = [
+        "/api/v1/namespaces/default/pods/p",
+        "/api/v1/namespaces/default/pods/p/status",
+        "/api/v1/namespaces/default/pods",
+        "/apis/crd.projectcalico.org/v1/ippools/pool",
+        "/apis/crd.projectcalico.org/v1/ippools/pool/status",
+        "/api/v1/namespaces/default",
+        "/api/v1/namespaces/%zz/pods/%00",
+        "/api/v1/namespaces//pods",
+        "/api/v1/pods/p",
+        "/apis/crd.projectcalico.org/v1/namespaces/default/ippools",
+        "/api/v1/namespaces/default/pods/p/status/extra/more",
+        "/api/v1/watch/namespaces/default/pods?resourceVersion=-1",
+        "/api/v1/pods?limit=-5&continue=%FF%FE",
+        "/api/v1/pods?resourceVersion=99999999999999999999",
+        "/api/v1/pods?resourceVersionMatch=Exact&resourceVersion=0",
+        "/api/v1/pods?fieldSelector=%5C",
+        "/api/v1/pods?labelSelector=a%20notin%20()",
+        "/api/v1/pods?watch=true&timeoutSeconds=abc&resourceVersion=18446744073709551615",
+        "/openapi/v3/apis/x",
+        "/apis/a/b/c/d/e/f/g/h",
+    ];
+    let bodies: [&[u8]; 9] = [
+        b"",
+        b"null",
+        b"[]",
+        b"{\"metadata\": 5}",
+        b"{\"metadata\": {\"name\": [1], \"labels\": {\"a\": 1}, \"annotations\": [\"x\"]}}",
+        b"{\"kind\": 7, \"apiVersion\": {}}",
+        b"[{\"op\": \"move\", \"from\": \"/metadata\", \"path\": \"/metadata/x\"}, {\"op\": \"add\", \"path\": \"/spec/containers/99\", \"value\": 1}]",
+        b"{\"spec\": {\"containers\": [{\"$patch\": \"delete\"}], \"$setElementOrder/containers\": 5, \"$retainKeys\": {}}}",
+        b"\xff\xfe\x00garbage",
+    ];
+    let cts = [
+        "application/json",
+        "application/merge-patch+json",
+        "application/json-patch+json",
+        "application/strategic-merge-patch+json",
+        "application/apply-patch+yaml",
+        "application/yaml",
+        "application/vnd.kubernetes.protobuf",
+    ];
+    let mut n = 0;
+    for path in paths {
+        for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
+            for body in bodies {
+                for ct in cts {
+                    if method == "GET" && (ct != "application/json" || !body.is_empty()) {
+                        continue;
+                    }
+                    let fut = raw(&c, method, path, Some(ct), None, body.to_vec());
+                    let (code, rct, b) = tokio::time::timeout(Duration::from_secs(10), fut)
+                        .await
+                        .unwrap();
+                    n += 1;
+                    if code >= 400 {
+                        let v: Value = serde_json::from_slice(&b)
+                            .unwrap_or_else(|_| panic!("{method} {path}: {code} body is not JSON"));
+                        assert_eq!(v["kind"], "Status", "{method} {path} {ct}: {v}");
+                        assert!(rct.starts_with("application/json"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(n > 1000, "{n} requests");
+    // Still serving, and the state is still sane.
+    let (code, list) = raw_json(&c, "GET", "/api/v1/namespaces", None, Value::Null).await;
+    assert_eq!(code, 200);
+    assert!(list["items"].as_array().unwrap().len() >= 3);
 }

@@ -21,8 +21,8 @@ pub mod usage;
 pub use block::{AllocationBlock, BlockAffinity, IpamHandle};
 pub use check::{CheckReport, Users, check};
 pub use client::{
-    AssignArgs, Assigned, AssignedIp, DEFAULT_MAX_BLOCKS_PER_HOST, HostLock, Ipam, IpamConfig,
-    MAX_RETRIES, ReleaseIp,
+    AffinityRelease, AssignArgs, Assigned, AssignedIp, DEFAULT_MAX_BLOCKS_PER_HOST, HostLock, Ipam,
+    IpamConfig, MAX_RETRIES, ReleaseIp,
 };
 pub use error::IpamError;
 pub use pools::PoolInfo;

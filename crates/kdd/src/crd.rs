@@ -400,6 +400,58 @@ pub fn cr_to_resource(kind: Kind, cr: &Value) -> Result<Resource> {
     })
 }
 
+/// The v3 name: the annotation's, else the custom resource's (without the `default.` that
+/// Calico before 3.32 put before the names of default-tier policies).
+fn v3_name(kind: Kind, cr_name: String, stored_name: String, tier: &str) -> String {
+    if !stored_name.is_empty() {
+        stored_name
+    } else if is_policy(kind) && (tier.is_empty() || tier == "default") {
+        cr_name
+            .strip_prefix("default.")
+            .map(str::to_string)
+            .unwrap_or(cr_name)
+    } else {
+        cr_name
+    }
+}
+
+/// The v3 namespace and name a custom resource of `kind` stands for, read from its metadata
+/// and tier alone: the key of a resource whose spec (or the rest of its metadata) does not
+/// convert, so that readers can drop what they had under it. None without a name.
+pub fn cr_resource_name(kind: Kind, cr: &Value) -> Option<(String, String)> {
+    let crd = crd_for(kind)?;
+    let meta = cr.get("metadata")?;
+    let cr_name = meta.get("name").and_then(Value::as_str).unwrap_or_default();
+    if cr_name.is_empty() {
+        return None;
+    }
+    let stored_name = meta
+        .pointer(&format!(
+            "/annotations/{}",
+            METADATA_ANNOTATION.replace('~', "~0").replace('/', "~1")
+        ))
+        .and_then(Value::as_str)
+        .and_then(|t| serde_json::from_str::<Value>(t).ok())
+        .and_then(|m| m.get("name").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default();
+    let tier = cr
+        .pointer("/spec/tier")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let namespace = if crd.namespaced {
+        meta.get("namespace")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    } else {
+        String::new()
+    };
+    Some((
+        namespace,
+        v3_name(kind, cr_name.to_string(), stored_name, tier),
+    ))
+}
+
 /// The v3 metadata of a custom resource (the rules in the module documentation).
 fn v3_metadata(kind: Kind, cr: K8sMeta, tier: &str, object: &str) -> Result<ObjectMeta> {
     // The custom resource's uid is never used as is, so the v3 uid is the same whether or not
@@ -444,17 +496,7 @@ fn v3_metadata(kind: Kind, cr: K8sMeta, tier: &str, object: &str) -> Result<Obje
     annotations.extend(stored.annotations);
     let mut labels = cr.labels.unwrap_or_default();
     labels.extend(stored.labels.unwrap_or_default());
-    let name = if !stored.name.is_empty() {
-        stored.name
-    } else if is_policy(kind) && (tier.is_empty() || tier == "default") {
-        // Before Calico 3.32 default-tier policies were stored as `default.<name>`.
-        cr.name
-            .strip_prefix("default.")
-            .map(str::to_string)
-            .unwrap_or(cr.name)
-    } else {
-        cr.name
-    };
+    let name = v3_name(kind, cr.name, stored.name, tier);
     Ok(ObjectMeta {
         name,
         generate_name: stored.generate_name,
@@ -478,6 +520,64 @@ fn v3_metadata(kind: Kind, cr: K8sMeta, tier: &str, object: &str) -> Result<Obje
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn the_name_of_a_custom_resource_whose_spec_does_not_convert() {
+        let bad_spec = serde_json::json!({"egress": [{"action": "Allowed"}]});
+        let cr = |name: &str, ann: Option<&str>, ns: Option<&str>, tier: Option<&str>| {
+            let mut spec = bad_spec.clone();
+            if let Some(t) = tier {
+                spec["tier"] = Value::String(t.into());
+            }
+            let mut meta = serde_json::json!({"name": name});
+            if let Some(a) = ann {
+                meta["annotations"] = serde_json::json!({METADATA_ANNOTATION: a});
+            }
+            if let Some(n) = ns {
+                meta["namespace"] = Value::String(n.into());
+            }
+            serde_json::json!({"apiVersion": CRD_API_VERSION, "kind": "GlobalNetworkPolicy",
+                               "metadata": meta, "spec": spec})
+        };
+        let gnp = cr(
+            "allow-dns",
+            Some(r#"{"name":"allow-dns","creationTimestamp":null}"#),
+            None,
+            None,
+        );
+        assert!(cr_to_resource(Kind::GlobalNetworkPolicy, &gnp).is_err());
+        assert_eq!(
+            cr_resource_name(Kind::GlobalNetworkPolicy, &gnp),
+            Some((String::new(), "allow-dns".to_string()))
+        );
+        // Without the annotation: the CR's name, `default.` dropped in the default tier only.
+        let old = cr("default.deny", None, None, None);
+        assert_eq!(
+            cr_resource_name(Kind::GlobalNetworkPolicy, &old).unwrap().1,
+            "deny"
+        );
+        let tiered = cr("default.deny", None, None, Some("security"));
+        assert_eq!(
+            cr_resource_name(Kind::GlobalNetworkPolicy, &tiered)
+                .unwrap()
+                .1,
+            "default.deny"
+        );
+        // Namespaced kinds keep their namespace; a broken annotation still leaves the CR name.
+        let np = cr("p", Some("{not json"), Some("shop"), None);
+        assert_eq!(
+            cr_resource_name(Kind::NetworkPolicy, &np),
+            Some(("shop".to_string(), "p".to_string()))
+        );
+        assert_eq!(
+            cr_resource_name(
+                Kind::GlobalNetworkPolicy,
+                &serde_json::json!({"metadata": {}})
+            ),
+            None
+        );
+        assert_eq!(cr_resource_name(Kind::Node, &gnp), None);
+    }
 
     #[test]
     fn every_crd_backed_kind_has_one_crd() {

@@ -523,6 +523,32 @@ fn ctl_writes_calico_custom_resources_and_shows_derived_objects() {
     assert_eq!(r.code, 1, "{r:?}");
     assert!(r.err.contains("does not exist"), "{r:?}");
 
+    // A policy edited (with kubectl) into something margay cannot read can still be deleted,
+    // as an undecodable etcd value can; why it could not be read is reported.
+    let gnp_file = k.file(
+        "gnp.yaml",
+        "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: allow-dns}\nspec: {selector: all(), egress: [{action: Allow}]}\n",
+    );
+    k.ctl_ok(&["create", "-f", &gnp_file]);
+    s.patch(
+        Gvr::calico("globalnetworkpolicies"),
+        "",
+        "allow-dns",
+        PatchType::Merge,
+        &json!({"spec": {"egress": [{"action": "Allowed"}]}}),
+    )
+    .unwrap();
+    let r = k.ctl(&["get", "globalnetworkpolicy", "allow-dns"]);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.err.contains("unknown variant `Allowed`"), "{r:?}");
+    let r = k.ctl(&["delete", "globalnetworkpolicy", "allow-dns"]);
+    assert!(r.err.contains("unknown variant `Allowed`"), "{r:?}");
+    assert!(
+        s.get(Gvr::calico("globalnetworkpolicies"), "", "allow-dns")
+            .is_err(),
+        "the unreadable policy is still there: {r:?}"
+    );
+
     // --- The derived kinds, through calicoctl's config file. ---
     let weps = k.ctl_with_config_file(&["get", "workloadendpoints", "-A", "-o", "wide"]);
     assert_eq!(weps.code, 0, "{weps:?}");
@@ -1103,6 +1129,17 @@ spec:
         }
     });
 
+    // A Kubernetes Node deleted: its VTEP goes.
+    s.delete(NODES, "", "node2").unwrap();
+    felix.wait("node2's VTEP to go", |st| {
+        let vteps = st["counts"]["vteps"].as_u64().unwrap();
+        if vteps == vteps_before {
+            Ok(())
+        } else {
+            Err(format!("vteps {vteps} (want {vteps_before})"))
+        }
+    });
+
     // A pod's labels change in the API server: it leaves the Kubernetes policy.
     s.patch(
         PODS,
@@ -1230,6 +1267,67 @@ spec:
     assert_eq!(st["ready"], true, "{st}");
     assert_eq!(st["problems"], json!([]), "{st}");
 
+    // An object edited into something margay cannot read (a policy action Calico does not
+    // have, a pod address that is no address) no longer applies, as when it is read afresh:
+    // Felix must not keep enforcing its previous version.
+    s.patch(
+        Gvr::calico("globalnetworkpolicies"),
+        "",
+        "allow-dns",
+        PatchType::Merge,
+        &json!({"spec": {"egress": [{"action": "Allowed"}]}}),
+    )
+    .unwrap();
+    s.patch(
+        PODS,
+        "shop",
+        "web-2",
+        PatchType::Merge,
+        &json!({"metadata": {"annotations": {
+            "cni.projectcalico.org/podIP": "not-an-ip",
+            "cni.projectcalico.org/podIPs": "not-an-ip"}}}),
+    )
+    .unwrap();
+    felix.wait("the unreadable policy and pod to stop applying", |st| {
+        let eps = endpoints(st);
+        if eps.contains_key("k8s/shop/web-2/eth0") {
+            return Err("web-2 is still programmed".into());
+        }
+        let web3 = eps.get("k8s/shop/web-3/eth0").ok_or("no web-3")?;
+        if has_policy(&egress_policies(web3), "allow-dns") {
+            return Err("allow-dns still applies".into());
+        }
+        Ok(())
+    });
+    // Readable again: back.
+    s.patch(
+        Gvr::calico("globalnetworkpolicies"),
+        "",
+        "allow-dns",
+        PatchType::Merge,
+        &json!({"spec": {"egress": [{"action": "Allow", "protocol": "UDP",
+                                     "destination": {"ports": [53]}}]}}),
+    )
+    .unwrap();
+    s.patch(
+        PODS,
+        "shop",
+        "web-2",
+        PatchType::Merge,
+        &json!({"metadata": {"annotations": {
+            "cni.projectcalico.org/podIP": "10.65.0.3/32",
+            "cni.projectcalico.org/podIPs": "10.65.0.3/32"}}}),
+    )
+    .unwrap();
+    felix.wait("the policy and pod back", |st| {
+        let eps = endpoints(st);
+        let web2 = eps.get("k8s/shop/web-2/eth0").ok_or("no web-2")?;
+        if !has_policy(&egress_policies(web2), "allow-dns") {
+            return Err("allow-dns missing".into());
+        }
+        Ok(())
+    });
+
     // The kubelet's heartbeats change the Node object all the time; that is no configuration
     // change (Felix stays up), and what follows is still seen.
     for i in 0..3 {
@@ -1316,6 +1414,26 @@ fn confd_renders_mesh_and_peers_from_kubernetes_nodes_and_bgppeer_crs() {
     // A node without Calico's annotations (calico-node not started there) is not meshed with.
     s.create(NODES, "", k8s_node("node4", "10.0.0.4", json!({})))
         .unwrap();
+    // node1's rack is a Kubernetes label; a node-specific peering selects on it.
+    s.patch(
+        NODES,
+        "",
+        "node1",
+        PatchType::Merge,
+        &json!({"metadata": {"labels": {"rack": "r1"}}}),
+    )
+    .unwrap();
+    s.create(
+        Gvr::calico("bgppeers"),
+        "",
+        json!({
+            "apiVersion": "crd.projectcalico.org/v1", "kind": "BGPPeer",
+            "metadata": {"name": "rack-r1", "annotations": {
+                METADATA_ANNOTATION: "{\"creationTimestamp\":null}"}},
+            "spec": {"peerIP": "10.0.0.253", "asNumber": 65001, "nodeSelector": "rack == 'r1'"},
+        }),
+    )
+    .unwrap();
     // A BGPPeer and a pool as Calico's own calicoctl writes them (custom resources with the
     // metadata annotation), and this node's block affinity as Calico's IPAM writes it.
     s.create(
@@ -1383,13 +1501,17 @@ fn confd_renders_mesh_and_peers_from_kubernetes_nodes_and_bgppeer_crs() {
         "{bird}"
     );
     assert!(bird.contains("neighbor 10.0.0.254 as 65000;"), "{bird}");
+    assert!(
+        bird.contains("protocol bgp Node_10_0_0_253 from bgp_template"),
+        "the rack peering selects node1 by its Kubernetes label: {bird}"
+    );
     assert!(bird.contains("local as 64512;"), "{bird}");
     assert!(bird.contains("route 10.65.0.0/26 blackhole;"), "{bird}");
     bird_accepts(&cfg.join("bird.cfg"));
     let status: Value =
         serde_json::from_slice(&std::fs::read(cfg.join("confd-status.json")).unwrap()).unwrap();
     assert_eq!(status["in_sync"], true, "{status}");
-    assert_eq!(status["peers_v4"], 3, "{status}");
+    assert_eq!(status["peers_v4"], 4, "{status}");
 
     // confd as a daemon: changes made in the API server are rendered as they come, through an
     // API server restart too. node2's block is not this node's: no route for it.
@@ -1771,6 +1893,33 @@ fn typha_is_the_only_api_watcher_for_fifty_felix_clients() {
             "watch requests on {g}/{r}"
         );
     }
+
+    // The API server restarts: Typha watches again (still one watch per resource, the old
+    // ones gone), and what changed meanwhile reaches every client without a client resync.
+    k.api.stop();
+    std::thread::sleep(Duration::from_millis(300));
+    s.delete(PODS, "shop", "late").unwrap();
+    k.api.start_again().unwrap();
+    wait_for("the deletion at every client", WAIT, || {
+        typha.alive();
+        let behind = clients
+            .iter()
+            .filter(|(seen, _)| weps_of(&seen.lock().unwrap()) != expected_weps)
+            .count();
+        if behind == 0 {
+            Ok(())
+        } else {
+            Err(format!("{behind} clients still have it"))
+        }
+    });
+    wait_for("Typha's watches after the restart", WAIT, || {
+        let open = open_watches();
+        if open == want {
+            Ok(())
+        } else {
+            Err(format!("open watches {open:?}"))
+        }
+    });
     for (_, cs) in &clients {
         assert_eq!(
             cs.resyncs.load(std::sync::atomic::Ordering::Relaxed),

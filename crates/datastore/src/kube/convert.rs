@@ -140,10 +140,19 @@ impl Converter {
     }
 
     /// The key an object stands for even when [`Converter::to_kv`] says it stands for nothing
-    /// right now (an IPAM object mid-delete): what a DELETED event removes.
+    /// right now (an IPAM object mid-delete) or cannot convert it (what readers had under that
+    /// key must go, as a fresh list would not have it): what a DELETED event removes.
     pub fn key_of(&self, source: Source, obj: &Value) -> Option<String> {
-        if let Ok(Some(kv)) = self.to_kv(source, obj) {
-            return Some(kv.key);
+        match self.to_kv(source, obj) {
+            Ok(Some(kv)) => return Some(kv.key),
+            // Deliberately nothing (a host-network pod, a Calico policy under a knp. name).
+            Ok(None) if !is_ipam(source) => return None,
+            Ok(None) => {}
+            Err(_) => {
+                if let Some(key) = derived_key(source, obj) {
+                    return Some(key);
+                }
+            }
         }
         match source {
             Source::IpamBlocks => obj
@@ -236,6 +245,76 @@ impl Converter {
     }
 }
 
+fn is_ipam(source: Source) -> bool {
+    matches!(
+        source,
+        Source::IpamBlocks | Source::BlockAffinities | Source::IpamHandles
+    )
+}
+
+/// The key of a v3 resource from the names of its object alone, for objects that do not
+/// convert; None where the object would stand for no key anyway.
+fn derived_key(source: Source, obj: &Value) -> Option<String> {
+    let meta = obj.get("metadata")?;
+    let field = |f: &str| {
+        meta.get(f)
+            .and_then(Value::as_str)
+            .filter(|v| !v.is_empty())
+    };
+    let key = |kind: Kind, namespace: &str, name: String| {
+        resource_path(&margay_api::ResourceKey {
+            kind,
+            namespace: namespace.to_string(),
+            name,
+        })
+    };
+    match source {
+        Source::Crd(kind) => {
+            let (ns, name) = kdd::crd::cr_resource_name(kind, obj)?;
+            // A Calico policy under a converted Kubernetes policy's name stands for nothing.
+            if kind == Kind::NetworkPolicy && name.starts_with("knp.default.") {
+                return None;
+            }
+            Some(key(kind, &ns, name))
+        }
+        Source::Pods => {
+            let spec = obj.get("spec")?;
+            if spec.get("hostNetwork").and_then(Value::as_bool) == Some(true) {
+                return None;
+            }
+            let node = spec.get("nodeName").and_then(Value::as_str)?;
+            let name = kdd::names::workload_endpoint_name(
+                node,
+                kdd::pod::ORCHESTRATOR_K8S,
+                field("name")?,
+                kdd::pod::ENDPOINT_ETH0,
+            )
+            .ok()?;
+            Some(key(Kind::WorkloadEndpoint, field("namespace")?, name))
+        }
+        Source::Namespaces => Some(key(
+            Kind::Profile,
+            "",
+            format!("{}{}", kdd::pod::NAMESPACE_PROFILE_PREFIX, field("name")?),
+        )),
+        Source::ServiceAccounts => Some(key(
+            Kind::Profile,
+            "",
+            kdd::pod::service_account_profile_name(field("namespace")?, field("name")?),
+        )),
+        Source::Nodes => Some(key(Kind::Node, "", field("name")?.to_string())),
+        Source::K8sNetworkPolicies => Some(key(
+            Kind::NetworkPolicy,
+            field("namespace")?,
+            format!("knp.default.{}", field("name")?),
+        )),
+        Source::DefaultAllow
+        | Source::IpamBlocks
+        | Source::BlockAffinities
+        | Source::IpamHandles => None,
+    }
+}
+
 /// Why a derived key cannot be written.
 pub fn read_only(source: Source, key: &str) -> String {
     let how = match source {
@@ -259,4 +338,70 @@ pub fn read_only(source: Source, key: &str) -> String {
 
 fn to_bytes(v: &Value) -> Result<Vec<u8>, String> {
     serde_json::to_vec(v).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    const V3: &str = "/calico/resources/v3/projectcalico.org/";
+
+    /// Objects that do not convert still name the key readers must drop.
+    #[test]
+    fn unconvertible_objects_still_name_their_keys() {
+        let c = Converter::default();
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-2", "namespace": "shop", "resourceVersion": "7",
+                         "annotations": {"cni.projectcalico.org/podIP": "not-an-ip"}},
+            "spec": {"nodeName": "node-1", "containers": []}});
+        assert!(c.to_kv(Source::Pods, &pod).is_err());
+        assert_eq!(
+            c.key_of(Source::Pods, &pod).unwrap(),
+            format!("{V3}workloadendpoints/shop/node--1-k8s-web--2-eth0")
+        );
+        let mut host = pod.clone();
+        host["spec"]["hostNetwork"] = json!(true);
+        assert_eq!(c.key_of(Source::Pods, &host), None);
+
+        let gnp = json!({"apiVersion": "crd.projectcalico.org/v1", "kind": "GlobalNetworkPolicy",
+            "metadata": {"name": "allow-dns", "resourceVersion": "9",
+                         "annotations": {"projectcalico.org/metadata": "{\"name\":\"allow-dns\"}"}},
+            "spec": {"egress": [{"action": "Allowed"}]}});
+        assert!(
+            c.to_kv(Source::Crd(Kind::GlobalNetworkPolicy), &gnp)
+                .is_err()
+        );
+        assert_eq!(
+            c.key_of(Source::Crd(Kind::GlobalNetworkPolicy), &gnp)
+                .unwrap(),
+            format!("{V3}globalnetworkpolicies/allow-dns")
+        );
+        // A broken Calico policy under a converted Kubernetes policy's name names nothing: it
+        // must not take the Kubernetes policy's key down with it.
+        let shadow = json!({"apiVersion": "crd.projectcalico.org/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "knp.default.x", "namespace": "shop", "resourceVersion": "9"},
+            "spec": {"ingress": [{"action": "Allowed"}]}});
+        assert_eq!(c.key_of(Source::Crd(Kind::NetworkPolicy), &shadow), None);
+
+        let np = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "deny", "namespace": "shop", "resourceVersion": "3"},
+            "spec": {"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "not-a-cidr"}}]}]}});
+        assert!(c.to_kv(Source::K8sNetworkPolicies, &np).is_err());
+        assert_eq!(
+            c.key_of(Source::K8sNetworkPolicies, &np).unwrap(),
+            format!("{V3}networkpolicies/shop/knp.default.deny")
+        );
+        let sa = json!({"metadata": {"name": "bot", "namespace": "ci", "resourceVersion": "x"}});
+        assert_eq!(
+            c.key_of(Source::ServiceAccounts, &sa).unwrap(),
+            format!("{V3}profiles/ksa.ci.bot")
+        );
+        let ns = json!({"metadata": {"name": "ci", "resourceVersion": "x"}});
+        assert_eq!(
+            c.key_of(Source::Namespaces, &ns).unwrap(),
+            format!("{V3}profiles/kns.ci")
+        );
+    }
 }

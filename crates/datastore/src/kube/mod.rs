@@ -448,9 +448,15 @@ impl KubeBackend {
             | Source::K8sNetworkPolicies => Err(conv_err(read_only(target.source, key))),
             _ => {
                 // The reply holds the object as it was; without one (a Status), read it first.
+                // One that does not convert is deleted all the same (as an undecodable etcd
+                // value is): the caller then hears why it could not be read.
                 let before = match expected {
                     Some(_) => None,
-                    None => self.get_kv(key).await?.map(|(kv, _)| kv),
+                    None => match self.get_kv(key).await {
+                        Ok(found) => found.map(|(kv, _)| kv),
+                        Err(DatastoreError::Invalid { .. }) => None,
+                        Err(e) => return Err(e),
+                    },
                 };
                 let reply = match api
                     .delete(&res, ns, &target.name, expected.map(|r| r.to_string()))

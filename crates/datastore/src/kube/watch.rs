@@ -191,9 +191,17 @@ fn put(conv: &Converter, source: Source, obj: &Value) -> Option<KvEvent> {
                 prev: None,
             })
         }
+        // What it stood for before is gone: a fresh list would not have it either, and
+        // readers must not keep acting on its previous value.
         Err(e) => {
-            tracing::warn!(error = %e, "skipping an object that does not convert");
-            None
+            let key = conv.key_of(source, obj);
+            tracing::warn!(error = %e, key = key.as_deref().unwrap_or("?"), "an object no longer converts; its key is treated as deleted");
+            let revision = resource_version(obj).and_then(parse_revision)?;
+            Some(KvEvent::Delete {
+                key: key?,
+                revision,
+                prev: None,
+            })
         }
     }
 }
