@@ -641,6 +641,8 @@ fn build(
             ("FELIX_FELIXHOSTNAME".to_string(), node.name.clone()),
             ("FELIX_HEALTHENABLED".into(), "true".into()),
             ("FELIX_LOGSEVERITYSCREEN".into(), "Info".into()),
+            // Each node logs to its own file; the machine's syslog is not the lab's.
+            ("FELIX_LOGSEVERITYSYS".into(), "none".into()),
             (
                 "FELIX_ENDPOINTSTATUSPATHPREFIX".into(),
                 dir.join("status").display().to_string(),

@@ -956,6 +956,8 @@ impl Felix {
             .env("FELIX_DATASTORETYPE", "kubernetes")
             .env("MARGAY_DATAPLANE", "recording")
             .env("FELIX_FELIXHOSTNAME", host)
+            // The machine's own syslog is none of the test's business.
+            .env("FELIX_LOGSEVERITYSYS", "none")
             .env("FELIX_HEALTHENABLED", "false")
             .env("FELIX_PROMETHEUSMETRICSENABLED", "false")
             .args(["felix", "run", "-c"])
