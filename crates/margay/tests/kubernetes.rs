@@ -1071,6 +1071,18 @@ spec:
 ",
     );
     k.ctl_ok(&["apply", "-f", &gnp]);
+    // Egress to the pods' named port: the port names come from the pods' containers.
+    s.create(
+        K8S_NETPOLS,
+        "shop",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "egress-http", "namespace": "shop"},
+            "spec": {"podSelector": {}, "policyTypes": ["Egress"],
+                     "egress": [{"to": [{"podSelector": {}}], "ports": [{"port": "http"}]}]},
+        }),
+    )
+    .unwrap();
 
     let mut felix = Felix::start(&k, "node1", &[]);
     let st = felix.wait("node1's two pods", |st| {
@@ -1108,6 +1120,24 @@ spec:
         "an IP set with the client: {sets:?}"
     );
     assert_eq!(st["problems"], json!([]), "{st}");
+    // The named port: every pod of the namespace with a port named http (web-1, web-2,
+    // client-1; the host-network pod has no endpoint).
+    let named = sets
+        .iter()
+        .find(|s| {
+            s["source"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with("port tcp:http")
+        })
+        .unwrap_or_else(|| panic!("no named-port IP set: {sets:?}"));
+    assert_eq!(named["members"], 3, "{named}");
+    for ep in [web1, web2] {
+        assert!(
+            has_policy(&egress_policies(ep), "shop/knp.default.egress-http"),
+            "{ep}"
+        );
+    }
 
     // node2 starts up: its Calico annotations (VXLAN tunnel address, MAC) and its IPAM block
     // reach Felix as a VTEP and a route.
