@@ -6,7 +6,7 @@
 //! Calico's `projectcalico.org/*` annotations, `networking.k8s.io/v1` NetworkPolicies — and
 //! Calico's custom resources. What the roles write is checked in the double itself, with
 //! Calico's layout. No root needed: Felix uses the recording dataplane, node start-up gets its
-//! address from `IP=`, confd does not reload BIRD.
+//! address from `IP=` (or from the Node's InternalIP on lo), confd does not reload BIRD.
 #![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
 
 use std::collections::BTreeMap;
@@ -316,7 +316,7 @@ fn rv(obj: &Value) -> String {
         .to_string()
 }
 
-/// Polls `f` until it returns Some, failing with `what` (and the last state) after `within`.
+/// Polls `f` until it returns Ok, failing with `what` (and the last Err) after `within`.
 fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
     let deadline = Instant::now() + within;
     loop {
@@ -1013,7 +1013,7 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// endpoint id → (profiles, policies of each tier: "tier: in=[…] out=[…]").
+/// Felix's local endpoints by id (`k8s/<namespace>/<pod>/eth0`).
 fn endpoints(st: &Value) -> BTreeMap<String, Value> {
     st["endpoints"]
         .as_array()
@@ -1655,7 +1655,8 @@ impl Proc {
 
     /// Fails the test if the process exited.
     fn alive(&self) {
-        // try_wait needs &mut; a signal-0 check via /proc keeps this &self.
+        // try_wait needs &mut; reading the process state from /proc keeps this &self (an
+        // exited, unreaped child is a zombie).
         let pid = self.child.as_ref().unwrap().id();
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let state = stat
