@@ -184,22 +184,81 @@ pub(crate) fn check_txn_ops(ops: &[TxnOp]) -> Result<()> {
 /// What a watch delivers: batches of events in revision order, or the error that ended it.
 pub type WatchItem = Result<Vec<KvEvent>>;
 
+/// One message of a watch made of several streams (see [`Watch::from_streams`]): events of one
+/// stream (or none, only progress), and how far that stream is complete once they are read.
+#[derive(Debug)]
+pub struct StreamMsg {
+    pub stream: usize,
+    /// Every change of this stream at or below this revision is in this message or earlier
+    /// ones.
+    pub complete_to: i64,
+    pub item: Option<WatchItem>,
+}
+
+enum Feed {
+    /// One revision order (etcd, SQLite, mem).
+    Plain(mpsc::Receiver<WatchItem>),
+    /// Streams side by side (the Kubernetes datastore's API resources), with how far each is
+    /// complete in what the consumer has read.
+    Streams {
+        rx: mpsc::Receiver<StreamMsg>,
+        done: Vec<i64>,
+    },
+}
+
 /// A running watch. Dropping it stops the watch.
 pub struct Watch {
-    rx: mpsc::Receiver<WatchItem>,
+    feed: Feed,
     task: Option<tokio::task::AbortHandle>,
 }
 
 impl Watch {
     /// Wraps the receiving end of a watch; `task` (if any) is aborted when the watch is dropped.
     pub fn new(rx: mpsc::Receiver<WatchItem>, task: Option<tokio::task::AbortHandle>) -> Self {
-        Watch { rx, task }
+        Watch {
+            feed: Feed::Plain(rx),
+            task,
+        }
+    }
+
+    /// A watch whose events come from several streams that are not in one revision order;
+    /// `starts` is each stream's revision when it begins (complete up to there).
+    pub fn from_streams(
+        rx: mpsc::Receiver<StreamMsg>,
+        starts: Vec<i64>,
+        task: Option<tokio::task::AbortHandle>,
+    ) -> Self {
+        Watch {
+            feed: Feed::Streams { rx, done: starts },
+            task,
+        }
+    }
+
+    /// For a watch of several streams: the revision up to which every change has been
+    /// returned by [`Watch::next`] (the slowest stream's). None for a watch in one revision
+    /// order, where the last event's revision says as much.
+    pub fn progress(&self) -> Option<i64> {
+        match &self.feed {
+            Feed::Plain(_) => None,
+            Feed::Streams { done, .. } => done.iter().copied().min(),
+        }
     }
 
     /// The next batch (never empty), an error (after which the watch is over), or None when the
     /// backend closed the watch.
     pub async fn next(&mut self) -> Option<WatchItem> {
-        self.rx.recv().await
+        match &mut self.feed {
+            Feed::Plain(rx) => rx.recv().await,
+            Feed::Streams { rx, done } => loop {
+                let m = rx.recv().await?;
+                if let Some(d) = done.get_mut(m.stream) {
+                    *d = (*d).max(m.complete_to);
+                }
+                if let Some(item) = m.item {
+                    return Some(item);
+                }
+            },
+        }
     }
 }
 
@@ -382,6 +441,53 @@ pub(crate) fn conflict_or_missing(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_watch_of_streams_is_complete_up_to_its_slowest_stream() {
+        let (tx, rx) = mpsc::channel(8);
+        let mut w = Watch::from_streams(rx, vec![100, 90], None);
+        assert_eq!(w.progress(), Some(90));
+        let put = |key: &str, rev: i64| KvEvent::Put {
+            kv: KeyValue {
+                key: key.into(),
+                value: vec![],
+                create_revision: rev,
+                mod_revision: rev,
+            },
+            prev: None,
+        };
+        let msg = |stream, complete_to, item: Option<WatchItem>| StreamMsg {
+            stream,
+            complete_to,
+            item,
+        };
+        // Stream 0 races ahead; nothing of stream 1 after 90 has been read yet.
+        tx.send(msg(0, 200, Some(Ok(vec![put("/a", 200)]))))
+            .await
+            .unwrap();
+        tx.send(msg(1, 150, Some(Ok(vec![put("/b", 150)]))))
+            .await
+            .unwrap();
+        let first = w.next().await.unwrap().unwrap();
+        assert_eq!(first[0].key(), "/a");
+        assert_eq!(
+            w.progress(),
+            Some(90),
+            "stream 1's event at 150 is not read yet"
+        );
+        w.next().await.unwrap().unwrap();
+        assert_eq!(w.progress(), Some(150));
+        // Progress-only messages (bookmarks) are consumed on the way to the next batch.
+        tx.send(msg(1, 300, None)).await.unwrap();
+        tx.send(msg(0, 310, Some(Ok(vec![put("/a", 310)]))))
+            .await
+            .unwrap();
+        w.next().await.unwrap().unwrap();
+        assert_eq!(w.progress(), Some(300));
+        // A plain watch has no progress of its own.
+        let (_t, r) = mpsc::channel(1);
+        assert_eq!(Watch::new(r, None).progress(), None);
+    }
 
     #[test]
     fn common_prefixes() {

@@ -6,7 +6,7 @@
 //! Calico's `projectcalico.org/*` annotations, `networking.k8s.io/v1` NetworkPolicies — and
 //! Calico's custom resources. What the roles write is checked in the double itself, with
 //! Calico's layout. No root needed: Felix uses the recording dataplane, node start-up gets its
-//! address from `IP=`, confd does not reload BIRD.
+//! address from `IP=` (or from the Node's InternalIP on lo), confd does not reload BIRD.
 #![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
 
 use std::collections::BTreeMap;
@@ -316,7 +316,7 @@ fn rv(obj: &Value) -> String {
         .to_string()
 }
 
-/// Polls `f` until it returns Some, failing with `what` (and the last state) after `within`.
+/// Polls `f` until it returns Ok, failing with `what` (and the last Err) after `within`.
 fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
     let deadline = Instant::now() + within;
     loop {
@@ -1015,7 +1015,7 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// endpoint id → (profiles, policies of each tier: "tier: in=[…] out=[…]").
+/// Felix's local endpoints by id (`k8s/<namespace>/<pod>/eth0`).
 fn endpoints(st: &Value) -> BTreeMap<String, Value> {
     st["endpoints"]
         .as_array()
@@ -1073,6 +1073,18 @@ spec:
 ",
     );
     k.ctl_ok(&["apply", "-f", &gnp]);
+    // Egress to the pods' named port: the port names come from the pods' containers.
+    s.create(
+        K8S_NETPOLS,
+        "shop",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "egress-http", "namespace": "shop"},
+            "spec": {"podSelector": {}, "policyTypes": ["Egress"],
+                     "egress": [{"to": [{"podSelector": {}}], "ports": [{"port": "http"}]}]},
+        }),
+    )
+    .unwrap();
 
     let mut felix = Felix::start(&k, "node1", &[]);
     let st = felix.wait("node1's two pods", |st| {
@@ -1110,6 +1122,24 @@ spec:
         "an IP set with the client: {sets:?}"
     );
     assert_eq!(st["problems"], json!([]), "{st}");
+    // The named port: every pod of the namespace with a port named http (web-1, web-2,
+    // client-1; the host-network pod has no endpoint).
+    let named = sets
+        .iter()
+        .find(|s| {
+            s["source"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with("port tcp:http")
+        })
+        .unwrap_or_else(|| panic!("no named-port IP set: {sets:?}"));
+    assert_eq!(named["members"], 3, "{named}");
+    for ep in [web1, web2] {
+        assert!(
+            has_policy(&egress_policies(ep), "shop/knp.default.egress-http"),
+            "{ep}"
+        );
+    }
 
     // node2 starts up: its Calico annotations (VXLAN tunnel address, MAC) and its IPAM block
     // reach Felix as a VTEP and a route.
@@ -1627,7 +1657,8 @@ impl Proc {
 
     /// Fails the test if the process exited.
     fn alive(&self) {
-        // try_wait needs &mut; a signal-0 check via /proc keeps this &self.
+        // try_wait needs &mut; reading the process state from /proc keeps this &self (an
+        // exited, unreaped child is a zombie).
         let pid = self.child.as_ref().unwrap().id();
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let state = stat

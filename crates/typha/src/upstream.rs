@@ -135,10 +135,6 @@ pub async fn run<B: KvBackend>(
             }
         }
         known = seen;
-        cache.set_status(SyncStatus::InSync, listed.revision);
-        publish(&mut cache, &stats, &mut last_publish);
-        tracing::info!(syncer = %ty, keys = cache.len(), revision = listed.revision, "Listed the datastore; in sync");
-
         let mut watch = match backend.watch_many(&prefixes, listed.revision).await {
             Ok(w) => w,
             Err(e) => {
@@ -148,20 +144,46 @@ pub async fn run<B: KvBackend>(
                 continue;
             }
         };
+        // The listing is complete up to its revision — or, where several streams were listed
+        // one after another (the Kubernetes datastore), up to the oldest of them.
+        let as_of = watch
+            .progress()
+            .unwrap_or(listed.revision)
+            .min(listed.revision);
+        cache.set_status(SyncStatus::InSync, as_of);
+        publish(&mut cache, &stats, &mut last_publish);
+        tracing::info!(syncer = %ty, keys = cache.len(), revision = listed.revision, "Listed the datastore; in sync");
         let mut first_pending: Option<Instant> = None;
+        // A watch of several streams also moves on without events (bookmarks): look at its
+        // progress now and then, so as_of keeps up on a quiet datastore.
+        let polls_progress = watch.progress().is_some();
+        let mut last_poll = Instant::now();
         loop {
-            let deadline = if cache.has_news() {
+            let publish_at = if cache.has_news() {
                 first_pending.map(|t| t + opts.batching_age)
             } else if cache.has_progress() {
                 Some(last_publish + opts.progress_interval)
             } else {
                 None
             };
+            let poll_at = polls_progress.then(|| last_poll + opts.progress_interval);
+            let deadline = match (publish_at, poll_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let item = tokio::select! {
                 item = watch.next() => item,
                 _ = sleep_until(deadline), if deadline.is_some() => {
-                    publish(&mut cache, &stats, &mut last_publish);
-                    first_pending = None;
+                    if poll_at.is_some_and(|t| t <= Instant::now()) {
+                        last_poll = Instant::now();
+                        if let Some(p) = watch.progress() {
+                            cache.set_status(SyncStatus::InSync, p);
+                        }
+                    }
+                    if publish_at.is_some_and(|t| t <= Instant::now()) || cache.has_progress() {
+                        publish(&mut cache, &stats, &mut last_publish);
+                        first_pending = None;
+                    }
                     continue;
                 }
             };
@@ -205,7 +227,9 @@ pub async fn run<B: KvBackend>(
                     first_pending = None;
                 }
             }
-            if let Some(r) = last_rev {
+            // as_of says "complete up to": one revision order makes that the last event's;
+            // several streams side by side make it the slowest stream's progress.
+            if let Some(r) = watch.progress().or(last_rev) {
                 cache.set_status(SyncStatus::InSync, r);
             }
         }

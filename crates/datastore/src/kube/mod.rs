@@ -289,6 +289,10 @@ impl KubeBackend {
             })
             .collect();
         let (tx, rx) = mpsc::channel(64);
+        let starts: Vec<i64> = plan
+            .iter()
+            .map(|(_, rv)| parse_revision(rv).unwrap_or(start))
+            .collect();
         let task = tokio::spawn(watch::run(
             self.inner.api.clone(),
             self.inner.conv.clone(),
@@ -296,7 +300,7 @@ impl KubeBackend {
             prefixes,
             tx,
         ));
-        Ok(Watch::new(rx, Some(task.abort_handle())))
+        Ok(Watch::from_streams(rx, starts, Some(task.abort_handle())))
     }
 
     /// Creates the object a key names from its value.

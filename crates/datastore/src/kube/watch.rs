@@ -17,7 +17,7 @@ use super::api::{ApiError, KubeApi, parse_revision, resource_version};
 use super::convert::Converter;
 use super::route::{Query, Source};
 use crate::error::DatastoreError;
-use crate::kv::{KvEvent, WatchItem};
+use crate::kv::{KvEvent, StreamMsg, WatchItem};
 
 /// Failed watch requests in a row (no event in between) before the watch gives up.
 const MAX_FAILURES: u32 = 5;
@@ -29,17 +29,20 @@ pub(super) async fn run(
     conv: Converter,
     plan: Vec<(Query, String)>,
     prefixes: Vec<String>,
-    tx: mpsc::Sender<WatchItem>,
+    tx: mpsc::Sender<StreamMsg>,
 ) {
     let mut loops = JoinSet::new();
-    for (query, rv) in plan {
+    for (slot, (query, rv)) in plan.into_iter().enumerate() {
         loops.spawn(one(
             api.clone(),
             conv.clone(),
             query,
             rv,
             prefixes.clone(),
-            tx.clone(),
+            Out {
+                tx: tx.clone(),
+                slot,
+            },
         ));
     }
     drop(tx);
@@ -48,17 +51,75 @@ pub(super) async fn run(
     loops.abort_all();
 }
 
+/// One stream's end of the watch's channel: its events, and how far it is complete.
+struct Out {
+    tx: mpsc::Sender<StreamMsg>,
+    slot: usize,
+}
+
+impl Out {
+    async fn item(&self, item: WatchItem, complete_to: &str) -> bool {
+        self.tx
+            .send(StreamMsg {
+                stream: self.slot,
+                complete_to: parse_revision(complete_to).unwrap_or(0),
+                item: Some(item),
+            })
+            .await
+            .is_ok()
+    }
+
+    /// The stream moved on (a bookmark, events outside the prefixes) with nothing to deliver.
+    async fn progress(&self, complete_to: &str) -> bool {
+        let Some(r) = parse_revision(complete_to) else {
+            return !self.tx.is_closed();
+        };
+        self.tx
+            .send(StreamMsg {
+                stream: self.slot,
+                complete_to: r,
+                item: None,
+            })
+            .await
+            .is_ok()
+    }
+
+    /// A stream with nothing to watch never holds the others back.
+    async fn idle(&self) {
+        let _ = self
+            .tx
+            .send(StreamMsg {
+                stream: self.slot,
+                complete_to: i64::MAX,
+                item: None,
+            })
+            .await;
+        self.tx.closed().await;
+    }
+
+    async fn fail(&self, e: DatastoreError) {
+        let _ = self
+            .tx
+            .send(StreamMsg {
+                stream: self.slot,
+                complete_to: 0,
+                item: Some(Err(e)),
+            })
+            .await;
+    }
+}
+
 async fn one(
     api: KubeApi,
     conv: Converter,
     query: Query,
     mut rv: String,
     prefixes: Vec<String>,
-    tx: mpsc::Sender<WatchItem>,
+    out: Out,
 ) {
     let Some(res) = query.source.api() else {
         // Nothing to watch (the static profile): stay until the watch is dropped.
-        tx.closed().await;
+        out.idle().await;
         return;
     };
     let mut failures = 0u32;
@@ -74,23 +135,22 @@ async fn one(
         {
             Ok(s) => s,
             Err(ApiError::Gone(m)) => {
-                let _ = tx.send(Err(compacted(&rv, &m))).await;
+                out.fail(compacted(&rv, &m)).await;
                 return;
             }
             // A resource not served: it has nothing to report (the list treated it as empty).
             Err(ApiError::NotFound) => {
-                tx.closed().await;
+                out.idle().await;
                 return;
             }
             Err(e) => {
                 failures += 1;
                 if failures > MAX_FAILURES {
-                    let _ = tx
-                        .send(Err(DatastoreError::unavailable(format!(
-                            "watching {}: {e}",
-                            res.display()
-                        ))))
-                        .await;
+                    out.fail(DatastoreError::unavailable(format!(
+                        "watching {}: {e}",
+                        res.display()
+                    )))
+                    .await;
                     return;
                 }
                 tracing::debug!(resource = %res.display(), error = %e, "watch request failed; retrying");
@@ -124,8 +184,8 @@ async fn one(
                         failures = 0;
                     }
                     Ok(WatchEvent::Error(status)) if status.code == 410 => {
-                        send(&tx, batch, &prefixes).await;
-                        let _ = tx.send(Err(compacted(&rv, &status.message))).await;
+                        send(&out, batch, &prefixes, &rv).await;
+                        out.fail(compacted(&rv, &status.message)).await;
                         return;
                     }
                     Ok(WatchEvent::Error(status)) => {
@@ -134,8 +194,8 @@ async fn one(
                         break;
                     }
                     Err(ApiError::Gone(m)) => {
-                        send(&tx, batch, &prefixes).await;
-                        let _ = tx.send(Err(compacted(&rv, &m))).await;
+                        send(&out, batch, &prefixes, &rv).await;
+                        out.fail(compacted(&rv, &m)).await;
                         return;
                     }
                     Err(e) => {
@@ -145,11 +205,11 @@ async fn one(
                     }
                 }
             }
-            if !send(&tx, batch, &prefixes).await {
+            if !send(&out, batch, &prefixes, &rv).await {
                 return;
             }
         }
-        if tx.is_closed() {
+        if out.tx.is_closed() {
             return;
         }
         if failures > 0 {
@@ -217,14 +277,16 @@ fn deleted(conv: &Converter, source: Source, obj: &Value) -> Option<KvEvent> {
     })
 }
 
-/// Sends the events under the watched prefixes; false when the consumer is gone.
-async fn send(tx: &mpsc::Sender<WatchItem>, batch: Vec<KvEvent>, prefixes: &[String]) -> bool {
+/// Sends the events under the watched prefixes, with the stream's progress (also when there
+/// is nothing to send, so a quiet stream does not hold the watch's progress back); false when
+/// the consumer is gone.
+async fn send(out: &Out, batch: Vec<KvEvent>, prefixes: &[String], rv: &str) -> bool {
     let batch: Vec<KvEvent> = batch
         .into_iter()
         .filter(|e| prefixes.iter().any(|p| e.key().starts_with(p.as_str())))
         .collect();
     if batch.is_empty() {
-        return !tx.is_closed();
+        return out.progress(rv).await;
     }
-    tx.send(Ok(batch)).await.is_ok()
+    out.item(Ok(batch), rv).await
 }

@@ -1,0 +1,30 @@
+//! `margay kube-controllers`: Calico's calico-kube-controllers.
+//!
+//! - IPAM garbage collection and node clean-up (the node controller): addresses whose pod or
+//!   node is gone are released after the leak grace period (at once when the node is gone),
+//!   a deleted node's affinities, empty blocks and tunnel addresses go, empty blocks of live
+//!   nodes lose their affinity; Calico's `ipam_*` metrics.
+//! - In etcd mode, the mirrors of Kubernetes objects Calico's kube-controllers keeps:
+//!   NetworkPolicies → `knp.default.<name>`, Namespaces → `kns.<ns>`, ServiceAccounts →
+//!   `ksa.<ns>.<sa>` Profiles, Pod labels → WorkloadEndpoints; and Calico Nodes whose
+//!   Kubernetes Node is gone are deleted.
+//! - KubeControllersConfiguration `default` merged with the environment ([`config`]), health
+//!   (`/status/status.json`, `/liveness`, `/readiness`) and Prometheus metrics.
+//!
+//! Pure: [`config`], [`gc`], [`pods`], [`mirror`], [`metrics`] (rendering), [`status`]. Edges:
+//! [`informer`] (Kubernetes list+watch), [`ipam_controller`], [`mirrors`], [`daemon`], [`http`],
+//! [`cli`]. See `DESIGN.md`.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod gc;
+pub mod http;
+pub mod informer;
+pub mod ipam_controller;
+pub mod metrics;
+pub mod mirror;
+pub mod mirrors;
+pub mod pods;
+pub mod status;
