@@ -127,6 +127,42 @@ async fn pod_deleted_without_cni_del_is_released_after_the_grace_period() {
     for k in ["Startup", "CalicoDatastore", "KubeAPIServer"] {
         assert_eq!(status["Readiness"][k]["Ready"], true, "{status}");
     }
+
+    // A change of the resource is honoured while running.
+    let client = margay_datastore::Client::new(kv.clone());
+    let key = margay_api::ResourceKey {
+        kind: margay_api::Kind::KubeControllersConfiguration,
+        namespace: String::new(),
+        name: "default".into(),
+    };
+    let Ok(margay_api::Resource::KubeControllersConfiguration(mut kcc)) = client.get(&key).await
+    else {
+        panic!("no KubeControllersConfiguration default")
+    };
+    // Its status says what runs (written through the custom resource's /status).
+    let st = kcc.status.clone().expect("status written");
+    assert_eq!(st.environment_vars["ENABLED_CONTROLLERS"], "node");
+    assert_eq!(st.environment_vars["DATASTORE_TYPE"], "kubernetes");
+    assert_eq!(
+        st.running_config
+            .unwrap()
+            .controllers
+            .node
+            .unwrap()
+            .leak_grace_period
+            .unwrap()
+            .as_str(),
+        "3s"
+    );
+    if let Some(n) = kcc.spec.controllers.node.as_mut() {
+        n.leak_grace_period = Some(margay_api::duration::Duration::new("7s"));
+    }
+    client.update(kcc.into()).await.unwrap();
+    wait_for("the new grace period", Duration::from_secs(30), || async {
+        let run = d.run_config(Duration::from_secs(1)).await?;
+        (run.controllers.node?.leak_grace_period == Some(Duration::from_secs(7))).then_some(())
+    })
+    .await;
     d.stop().await.unwrap();
 }
 
