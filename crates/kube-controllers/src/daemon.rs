@@ -454,10 +454,14 @@ async fn kcc_loop<B: KvBackend>(
         };
         tokio::select! {
             _ = stop.changed() => return Ok(()),
-            ev = w.next() => {
-                if let Some(Err(e)) = ev {
+            ev = w.next() => match ev {
+                Some(Ok(_)) => {}
+                // A watch that ends without news is tried again after a pause, not at once.
+                Some(Err(e)) => {
                     tracing::debug!("KubeControllersConfiguration watch ended: {e}");
+                    failures += 1;
                 }
+                None => failures += 1,
             }
         }
     }
