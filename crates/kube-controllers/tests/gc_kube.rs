@@ -36,6 +36,18 @@ async fn pod_deleted_without_cni_del_is_released_after_the_grace_period() {
     // A pod whose addresses are not reported yet holds its allocation.
     c.add_pod("default", "starting", "n1");
     let starting = assign(&ipam, "n1", "default", "starting").await;
+    // A second block of n1, empty (claimed for an address since released).
+    let spare = Cidr::parse("10.20.250.0/26").unwrap();
+    ipam.assign_ip(nth(spare, 1), "tmp", &BTreeMap::new(), "n1")
+        .await
+        .unwrap();
+    ipam.release_ips(&[ReleaseIp {
+        ip: nth(spare, 1),
+        sequence_number: None,
+    }])
+    .await
+    .unwrap();
+    let main_block = ipam.ips_by_handle(&handle_of("live")).await.unwrap()[0].block;
 
     let d = Daemon::start(daemon_options(
         c.kube_datastore(),
@@ -115,6 +127,21 @@ async fn pod_deleted_without_cni_del_is_released_after_the_grace_period() {
         },
     )
     .await;
+
+    // The empty block, empty for longer than the grace period, lost its affinity and went; the
+    // node's other block, in use, stays.
+    wait_for(
+        "the empty block's release",
+        Duration::from_secs(30),
+        || async {
+            let blocks = ipam.blocks().await.unwrap();
+            (!blocks.iter().any(|b| b.cidr == spare)).then_some(blocks)
+        },
+    )
+    .await;
+    let affs = ipam.affinities().await.unwrap();
+    assert!(!affs.iter().any(|(_, c, _)| *c == spare));
+    assert!(affs.iter().any(|(h, c, _)| h == "n1" && *c == main_block));
 
     // Health: the status file and /readiness say ready.
     let addr = d.health_addr().unwrap();
