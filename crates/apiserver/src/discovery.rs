@@ -292,7 +292,10 @@ mod tests {
         assert_eq!(
             names,
             [
+                "apps",
                 "networking.k8s.io",
+                "policy",
+                "rbac.authorization.k8s.io",
                 "discovery.k8s.io",
                 "coordination.k8s.io",
                 "apiextensions.k8s.io",
@@ -300,7 +303,7 @@ mod tests {
             ]
         );
         let agg = aggregated(&defs(), false);
-        assert_eq!(agg["items"][0]["metadata"]["name"], "networking.k8s.io");
+        assert_eq!(agg["items"][0]["metadata"]["name"], "apps");
         let core = aggregated(&defs(), true);
         let pods = core["items"][0]["versions"][0]["resources"]
             .as_array()

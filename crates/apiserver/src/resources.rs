@@ -67,7 +67,11 @@ impl ResourceDef {
         !self.builtin
             || matches!(
                 self.kind.as_str(),
-                "CustomResourceDefinition" | "NetworkPolicy"
+                "CustomResourceDefinition"
+                    | "NetworkPolicy"
+                    | "DaemonSet"
+                    | "Deployment"
+                    | "PodDisruptionBudget"
             )
     }
     pub fn field_supported(&self, f: &str) -> bool {
@@ -223,12 +227,85 @@ pub fn builtins() -> Vec<ResourceDef> {
             false,
             vec!["type"],
         ),
+        // Workloads, disruption budgets and RBAC: served so that deployment manifests (margay's
+        // `deploy/`) apply; stored like any object (no controllers, no authorization). Group
+        // order as a real server lists them: apps before networking, policy and RBAC after.
+        builtin(
+            "apps",
+            "daemonsets",
+            "DaemonSet",
+            true,
+            &["ds"],
+            true,
+            true,
+            vec![],
+        ),
+        builtin(
+            "apps",
+            "deployments",
+            "Deployment",
+            true,
+            &["deploy"],
+            true,
+            true,
+            vec![],
+        ),
         builtin(
             "networking.k8s.io",
             "networkpolicies",
             "NetworkPolicy",
             true,
             &["netpol"],
+            false,
+            false,
+            vec![],
+        ),
+        builtin(
+            "policy",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            true,
+            &["pdb"],
+            false,
+            true,
+            vec![],
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            "ClusterRole",
+            false,
+            &[],
+            false,
+            false,
+            vec![],
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            false,
+            &[],
+            false,
+            false,
+            vec![],
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "roles",
+            "Role",
+            true,
+            &[],
+            false,
+            false,
+            vec![],
+        ),
+        builtin(
+            "rbac.authorization.k8s.io",
+            "rolebindings",
+            "RoleBinding",
+            true,
+            &[],
             false,
             false,
             vec![],
@@ -518,6 +595,49 @@ mod tests {
         assert!(!find("pods").field_supported("spec.bogus"));
         assert_eq!(find("services").categories, ["all"]);
         assert!(!find("nodes").namespaced);
+        // What deployment manifests use, with the real server's scopes and names.
+        let ds = find("daemonsets");
+        assert_eq!(
+            (
+                ds.group.as_str(),
+                ds.kind.as_str(),
+                ds.namespaced,
+                ds.status
+            ),
+            ("apps", "DaemonSet", true, true)
+        );
+        assert_eq!(ds.short_names, ["ds"]);
+        assert_eq!(ds.categories, ["all"]);
+        assert!(ds.has_generation());
+        let deploy = find("deployments");
+        assert_eq!(deploy.short_names, ["deploy"]);
+        assert!(deploy.namespaced && deploy.status && deploy.has_generation());
+        let pdb = find("poddisruptionbudgets");
+        assert_eq!(
+            (pdb.group.as_str(), pdb.namespaced, pdb.status),
+            ("policy", true, true)
+        );
+        assert_eq!(pdb.short_names, ["pdb"]);
+        assert!(pdb.categories.is_empty());
+        for (plural, kind, namespaced) in [
+            ("clusterroles", "ClusterRole", false),
+            ("clusterrolebindings", "ClusterRoleBinding", false),
+            ("roles", "Role", true),
+            ("rolebindings", "RoleBinding", true),
+        ] {
+            let d = find(plural);
+            assert_eq!(
+                (d.group.as_str(), d.kind.as_str(), d.namespaced, d.status),
+                ("rbac.authorization.k8s.io", kind, namespaced, false)
+            );
+            assert!(d.short_names.is_empty() && d.categories.is_empty());
+            assert!(!d.has_generation());
+        }
+        // kubectl resolves an ambiguous plural to the first group: no two built-ins share one.
+        let mut plurals: Vec<&str> = b.iter().map(|d| d.plural.as_str()).collect();
+        plurals.sort_unstable();
+        plurals.dedup();
+        assert_eq!(plurals.len(), b.len());
     }
 
     #[test]

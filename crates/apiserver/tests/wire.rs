@@ -464,7 +464,10 @@ async fn discovery_and_openapi() {
     assert_eq!(
         groups,
         [
+            "apps",
             "networking.k8s.io",
+            "policy",
+            "rbac.authorization.k8s.io",
             "discovery.k8s.io",
             "coordination.k8s.io",
             "apiextensions.k8s.io",

@@ -52,10 +52,10 @@ pub struct KubeControllersArgs {
     #[command(subcommand)]
     pub command: Option<KubeControllersCommand>,
     /// Where the readiness status is written (Calico's --status-file).
-    #[arg(long, value_name = "FILE", default_value = DEFAULT_STATUS_FILE)]
+    #[arg(long, value_name = "FILE", default_value = DEFAULT_STATUS_FILE, global = true)]
     pub status_file: PathBuf,
     /// Serve /liveness and /readiness on this port (0: no health server, Calico's default).
-    #[arg(long, value_name = "PORT", default_value_t = 0)]
+    #[arg(long, value_name = "PORT", default_value_t = 0, global = true)]
     pub health_port: u16,
 }
 

@@ -123,7 +123,8 @@ impl EnvSettings {
 /// workloadendpoint).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GenericControllerConfig {
-    /// How often the whole set is compared, on top of reacting to changes.
+    /// How often the whole set is compared, on top of reacting to changes (zero: only at
+    /// start).
     pub reconciler_period: Duration,
 }
 

@@ -15,7 +15,7 @@ use margay_api::{Kind, KubeControllersConfiguration, ObjectMeta, Resource};
 use margay_datastore::kube::KubeBackend;
 use margay_datastore::kube::api::KubeApi;
 use margay_datastore::kube::route::{
-    K8S_NETWORK_POLICIES, NAMESPACES, NODES, PODS, SERVICE_ACCOUNTS,
+    ApiResource, K8S_NETWORK_POLICIES, NAMESPACES, NODES, PODS, SERVICE_ACCOUNTS,
 };
 use margay_datastore::{AnyBackend, Client, DatastoreConfig, DatastoreError, KvBackend};
 use tokio::sync::{mpsc, watch};
@@ -289,8 +289,11 @@ async fn main(
 
     let client = Client::new(backend.clone());
     let (cfg_tx, mut cfg_rx) = watch::channel::<Option<Merged>>(None);
+    // In the Kubernetes datastore the status lives behind the custom resource's /status.
+    let status_api = (opts.kind == DatastoreKind::Kubernetes).then(|| api.clone());
     let mut kcc = tokio::spawn(kcc_loop(
         client.clone(),
+        status_api,
         opts.env.clone(),
         opts.kind,
         cfg_tx,
@@ -353,6 +356,7 @@ async fn main(
 /// the environment makes impossible.
 async fn kcc_loop<B: KvBackend>(
     client: Client<B>,
+    status_api: Option<KubeApi>,
     env: EnvSettings,
     kind: DatastoreKind,
     out: watch::Sender<Option<Merged>>,
@@ -408,9 +412,19 @@ async fn kcc_loop<B: KvBackend>(
         if kcc.status.as_ref() != Some(&merged.status)
             && written_status.as_ref() != Some(&merged.status)
         {
-            kcc.status = Some(merged.status.clone());
-            match client.update(Resource::from(kcc)).await {
-                Ok(_) => written_status = Some(merged.status.clone()),
+            let written = match &status_api {
+                Some(api) => write_kcc_status(api, &merged.status).await,
+                None => {
+                    kcc.status = Some(merged.status.clone());
+                    client
+                        .update(Resource::from(kcc))
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                }
+            };
+            match written {
+                Ok(()) => written_status = Some(merged.status.clone()),
                 Err(e) => {
                     tracing::debug!("cannot write the KubeControllersConfiguration status: {e}");
                     failures += 1;
@@ -440,13 +454,40 @@ async fn kcc_loop<B: KvBackend>(
         };
         tokio::select! {
             _ = stop.changed() => return Ok(()),
-            ev = w.next() => {
-                if let Some(Err(e)) = ev {
+            ev = w.next() => match ev {
+                Some(Ok(_)) => {}
+                // A watch that ends without news is tried again after a pause, not at once.
+                Some(Err(e)) => {
                     tracing::debug!("KubeControllersConfiguration watch ended: {e}");
+                    failures += 1;
                 }
+                None => failures += 1,
             }
         }
     }
+}
+
+/// The custom resource behind KubeControllersConfiguration `default` (Calico's v1 CRD).
+const KCC_CRD: ApiResource = ApiResource {
+    group: "crd.projectcalico.org",
+    version: "v1",
+    plural: "kubecontrollersconfigurations",
+    kind: "KubeControllersConfiguration",
+    namespaced: false,
+};
+
+/// Writes the status through the custom resource's status subresource (a write of the
+/// resource itself leaves the status alone, as the API server does for such CRDs); the
+/// status is stored as the v3 resource has it.
+async fn write_kcc_status(
+    api: &KubeApi,
+    status: &margay_api::kubecontrollers::KubeControllersConfigurationStatus,
+) -> Result<(), String> {
+    let patch = serde_json::json!({ "status": status });
+    api.merge_patch(&KCC_CRD, None, DEFAULT_NAME, Some("status"), &patch)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
 }
 
 /// The controllers (and the checks and servers that depend on the configuration) of one

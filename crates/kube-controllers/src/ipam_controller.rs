@@ -515,28 +515,30 @@ impl<B: KvBackend + Clone + Send + Sync + 'static> IpamController<B> {
             let started = Instant::now();
             last = Some(started);
             dirty = false;
+            let backoff = |retry: Option<(Instant, u32)>| {
+                let n = retry.map_or(1, |(_, n)| n + 1);
+                let wait = Duration::from_secs(1 << n.min(5)).min(Duration::from_secs(30));
+                (Instant::now() + wait, n)
+            };
             match self.sync().await {
                 Ok(report) => {
-                    retry = None;
                     next_full = started + period;
                     next_due = report.scan.next_due;
                     // Something was written: look again soon (metrics, and what follows).
-                    if !report.released.is_empty()
-                        || report.affinities_released > 0
-                        || report.failures > 0
-                    {
+                    if !report.released.is_empty() || report.affinities_released > 0 {
                         dirty = true;
                     }
                     if !report.released.is_empty() {
                         tracing::info!(released = report.released.len(), took = ?started.elapsed(), "IPAM sync released leaked addresses");
                     }
+                    // Failed writes are tried again, later each time they keep failing.
+                    retry = (report.failures > 0).then(|| backoff(retry));
                 }
                 Err(e) => {
-                    let n = retry.map_or(1, |(_, n)| n + 1);
-                    let wait = Duration::from_secs(1 << n.min(5)).min(Duration::from_secs(30));
-                    tracing::warn!(retry_in = ?wait, "IPAM sync failed: {e}");
+                    let r = backoff(retry);
+                    tracing::warn!(retry_in = ?r.0.saturating_duration_since(Instant::now()), "IPAM sync failed: {e}");
                     self.metrics.add_error("ipam");
-                    retry = Some((Instant::now() + wait, n));
+                    retry = Some(r);
                 }
             }
         }

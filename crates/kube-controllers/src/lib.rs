@@ -11,9 +11,9 @@
 //! - KubeControllersConfiguration `default` merged with the environment ([`config`]), health
 //!   (`/status/status.json`, `/liveness`, `/readiness`) and Prometheus metrics.
 //!
-//! Pure: [`config`], [`gc`], [`pods`], [`mirror`], [`metrics`] (rendering), [`status`]. Edges:
-//! [`informer`] (Kubernetes list+watch), [`ipam_controller`], [`mirrors`], [`daemon`], [`http`],
-//! [`cli`]. See `DESIGN.md`.
+//! Pure: [`config`], [`gc`], [`pods`], [`mirror`], [`metrics`] (rendering). Edges: [`status`]
+//! (the status file), [`informer`] (Kubernetes list+watch), [`ipam_controller`], [`mirrors`],
+//! [`daemon`], [`http`], [`cli`]. See `DESIGN.md`.
 #![forbid(unsafe_code)]
 
 pub mod cli;

@@ -362,7 +362,12 @@ async fn drive<R: Reconcile, T: Clone + PartialEq + Send + Sync + 'static>(
             pending.clear();
             retry.clear();
             full_failed = false;
-            next_full = now + period;
+            // A zero period means no periodic pass (only the one at start and events).
+            next_full = if period.is_zero() {
+                now + Duration::from_secs(10 * 365 * 24 * 3600)
+            } else {
+                now + period
+            };
             if let Err(e) = r.full().await {
                 tracing::warn!(
                     controller = r.name(),

@@ -36,6 +36,18 @@ async fn pod_deleted_without_cni_del_is_released_after_the_grace_period() {
     // A pod whose addresses are not reported yet holds its allocation.
     c.add_pod("default", "starting", "n1");
     let starting = assign(&ipam, "n1", "default", "starting").await;
+    // A second block of n1, empty (claimed for an address since released).
+    let spare = Cidr::parse("10.20.250.0/26").unwrap();
+    ipam.assign_ip(nth(spare, 1), "tmp", &BTreeMap::new(), "n1")
+        .await
+        .unwrap();
+    ipam.release_ips(&[ReleaseIp {
+        ip: nth(spare, 1),
+        sequence_number: None,
+    }])
+    .await
+    .unwrap();
+    let main_block = ipam.ips_by_handle(&handle_of("live")).await.unwrap()[0].block;
 
     let d = Daemon::start(daemon_options(
         c.kube_datastore(),
@@ -116,6 +128,21 @@ async fn pod_deleted_without_cni_del_is_released_after_the_grace_period() {
     )
     .await;
 
+    // The empty block, empty for longer than the grace period, lost its affinity and went; the
+    // node's other block, in use, stays.
+    wait_for(
+        "the empty block's release",
+        Duration::from_secs(30),
+        || async {
+            let blocks = ipam.blocks().await.unwrap();
+            (!blocks.iter().any(|b| b.cidr == spare)).then_some(blocks)
+        },
+    )
+    .await;
+    let affs = ipam.affinities().await.unwrap();
+    assert!(!affs.iter().any(|(_, c, _)| *c == spare));
+    assert!(affs.iter().any(|(h, c, _)| h == "n1" && *c == main_block));
+
     // Health: the status file and /readiness say ready.
     let addr = d.health_addr().unwrap();
     let (code, body) = margay_kube_controllers::http::get(addr, "/readiness")
@@ -127,6 +154,42 @@ async fn pod_deleted_without_cni_del_is_released_after_the_grace_period() {
     for k in ["Startup", "CalicoDatastore", "KubeAPIServer"] {
         assert_eq!(status["Readiness"][k]["Ready"], true, "{status}");
     }
+
+    // A change of the resource is honoured while running.
+    let client = margay_datastore::Client::new(kv.clone());
+    let key = margay_api::ResourceKey {
+        kind: margay_api::Kind::KubeControllersConfiguration,
+        namespace: String::new(),
+        name: "default".into(),
+    };
+    let Ok(margay_api::Resource::KubeControllersConfiguration(mut kcc)) = client.get(&key).await
+    else {
+        panic!("no KubeControllersConfiguration default")
+    };
+    // Its status says what runs (written through the custom resource's /status).
+    let st = kcc.status.clone().expect("status written");
+    assert_eq!(st.environment_vars["ENABLED_CONTROLLERS"], "node");
+    assert_eq!(st.environment_vars["DATASTORE_TYPE"], "kubernetes");
+    assert_eq!(
+        st.running_config
+            .unwrap()
+            .controllers
+            .node
+            .unwrap()
+            .leak_grace_period
+            .unwrap()
+            .as_str(),
+        "3s"
+    );
+    if let Some(n) = kcc.spec.controllers.node.as_mut() {
+        n.leak_grace_period = Some(margay_api::duration::Duration::new("7s"));
+    }
+    client.update(kcc.into()).await.unwrap();
+    wait_for("the new grace period", Duration::from_secs(30), || async {
+        let run = d.run_config(Duration::from_secs(1)).await?;
+        (run.controllers.node?.leak_grace_period == Some(Duration::from_secs(7))).then_some(())
+    })
+    .await;
     d.stop().await.unwrap();
 }
 
