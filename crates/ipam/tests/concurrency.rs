@@ -161,7 +161,8 @@ fn run_workers(store: &str, hosts: usize, dir: &std::path::Path) -> BTreeMap<Str
 /// A datastore for a scenario, alive as long as the value.
 enum Store {
     Etcd(EtcdServer),
-    Kube(margay_apiserver::ApiServer, TempDir),
+    // The server is held only to keep it running for the scenario.
+    Kube(#[allow(dead_code)] margay_apiserver::ApiServer, TempDir),
 }
 
 impl Store {
