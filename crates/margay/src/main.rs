@@ -49,6 +49,10 @@ enum Role {
     /// Keeps BIRD's BGP configuration in step with the datastore (like confd with Calico's
     /// BIRD templates): renders bird.cfg / bird6.cfg, checks them, reconfigures BIRD.
     Confd(margay_confd::cli::ConfdArgs),
+    /// Cluster-wide controllers (like calico-kube-controllers): IPAM garbage collection, clean-up
+    /// of deleted nodes, and in etcd mode the copies of Kubernetes policies, namespaces, service
+    /// accounts and pod labels.
+    KubeControllers(margay_kube_controllers::cli::KubeControllersArgs),
 }
 
 fn main() -> ExitCode {
@@ -104,7 +108,14 @@ fn main() -> ExitCode {
         }
         // confd's log is its record of every render (one line each).
         Role::Confd(_) => "info".to_string(),
-        Role::Felix(_) | Role::Cni(_) | Role::Lab(_) | Role::Typha(_) => "warn".to_string(),
+        Role::KubeControllers(k) if margay_kube_controllers::cli::runs_daemon(k) => {
+            margay_kube_controllers::cli::log_level_from_env()
+        }
+        Role::Felix(_)
+        | Role::Cni(_)
+        | Role::Lab(_)
+        | Role::Typha(_)
+        | Role::KubeControllers(_) => "warn".to_string(),
     });
     let (set_level, set_syslog) = init_logging(&level);
     let code = match cli.role {
@@ -134,6 +145,13 @@ fn main() -> ExitCode {
         Role::Lab(lab) => margay_lab::run(lab, &mut io::stdout(), &mut io::stderr()),
         Role::Typha(typha) => margay_typha::cli::run_typha(typha, &mut io::stdout()),
         Role::Confd(confd) => margay_confd::cli::run_confd(confd, &mut io::stderr()),
+        // The running configuration's log level applies unless --log-level fixed it.
+        Role::KubeControllers(k) => margay_kube_controllers::cli::run_kube_controllers(
+            k,
+            (!explicit_level).then_some(set_level),
+            &mut io::stdout(),
+            &mut io::stderr(),
+        ),
     };
     let _ = io::stdout().flush();
     ExitCode::from(code)

@@ -41,6 +41,8 @@ use crate::kv::{
 
 /// Listings remembered for the watches that follow them.
 const LIST_MEMO_SIZE: usize = 256;
+/// Attempts of an unconditional write that keeps meeting concurrent writers.
+const UNCONDITIONAL_RETRIES: usize = 10;
 
 /// The Kubernetes datastore.
 #[derive(Clone)]
@@ -347,7 +349,7 @@ impl KubeBackend {
             (Source::Nodes, _) | (_, None) => Some(
                 self.fetch(&target, key)
                     .await?
-                    .ok_or_else(|| not_found(target.source, key))?,
+                    .ok_or_else(|| not_found(key))?,
             ),
             _ => None,
         };
@@ -387,7 +389,7 @@ impl KubeBackend {
         let stored = match stored {
             Ok(obj) => obj,
             Err(ApiError::Conflict(_)) => return Err(self.conflict(key, expected).await),
-            Err(ApiError::NotFound) => return Err(not_found(target.source, key)),
+            Err(ApiError::NotFound) => return Err(not_found(key)),
             Err(e) => return Err(map_err(e, key)),
         };
         self.stored(target.source, key, &stored)
@@ -419,10 +421,7 @@ impl KubeBackend {
         match target.source {
             Source::Pods => {
                 // Calico's CNI DEL: the pod's addresses are cleared; the pod is the kubelet's.
-                let (kv, obj) = self
-                    .get_kv(key)
-                    .await?
-                    .ok_or_else(|| not_found(target.source, key))?;
+                let (kv, obj) = self.get_kv(key).await?.ok_or_else(|| not_found(key))?;
                 if let Some(r) = expected
                     && r != kv.mod_revision
                 {
@@ -481,7 +480,7 @@ impl KubeBackend {
                         Ok(kv)
                     }
                     (Some(obj), None, None) => self.stored(target.source, key, &obj),
-                    (None, None, _) => Err(not_found(target.source, key)),
+                    (None, None, _) => Err(not_found(key)),
                 }
             }
         }
@@ -498,8 +497,7 @@ impl KubeBackend {
     }
 }
 
-fn not_found(source: Source, key: &str) -> DatastoreError {
-    let _ = source;
+fn not_found(key: &str) -> DatastoreError {
     DatastoreError::NotFound {
         key: key.to_string(),
     }
@@ -565,11 +563,33 @@ impl KvBackend for KubeBackend {
         ttl: Option<Duration>,
     ) -> Result<KeyValue> {
         refuse_ttl(key, ttl)?;
-        self.update_kv(key, &value, expected).await
+        if expected.is_some() {
+            return self.update_kv(key, &value, expected).await;
+        }
+        // Unconditional: the API writes over a version read first, so a writer in between is
+        // a conflict here that etcd would not report; read again and write over it.
+        let mut last = None;
+        for _ in 0..UNCONDITIONAL_RETRIES {
+            match self.update_kv(key, &value, None).await {
+                Err(e @ DatastoreError::Conflict { .. }) => last = Some(e),
+                other => return other,
+            }
+        }
+        Err(last.unwrap_or_else(|| not_found(key)))
     }
 
     async fn delete(&self, key: &str, expected: Option<i64>) -> Result<KeyValue> {
-        self.delete_kv(key, expected).await
+        if expected.is_some() {
+            return self.delete_kv(key, expected).await;
+        }
+        let mut last = None;
+        for _ in 0..UNCONDITIONAL_RETRIES {
+            match self.delete_kv(key, None).await {
+                Err(e @ DatastoreError::Conflict { .. }) => last = Some(e),
+                other => return other,
+            }
+        }
+        Err(last.unwrap_or_else(|| not_found(key)))
     }
 
     async fn txn(&self, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<TxnResponse> {
