@@ -10,7 +10,10 @@ use margay_datastore::{Client, DatastoreConfig};
 use crate::autodetect::NetView;
 use crate::config::StartupConfig;
 use crate::health::{HealthChecks, HealthOptions, check};
-use crate::startup::{NetSnapshot, Paths, StartupOptions, kernel_hostname, node_name, run};
+use crate::kubernetes::{KubeCluster, k8s_node_name, kubernetes_api_configured};
+use crate::startup::{
+    ClusterSource, NetSnapshot, Paths, StartupOptions, kernel_hostname, node_name, run_in_cluster,
+};
 
 #[derive(Debug, Args)]
 pub struct NodeArgs {
@@ -30,6 +33,15 @@ pub enum NodeCommand {
     /// CLUSTER_TYPE, CALICO_DISABLE_FILE_LOGGING, CALICO_STARTUP_LOGLEVEL, and the datastore
     /// variables (DATASTORE_TYPE, DATASTORE_PATH, ETCD_ENDPOINTS, ...). Exits 0 when the node
     /// is registered, 1 with one line saying what to fix otherwise.
+    ///
+    /// In a Kubernetes cluster (the Kubernetes datastore; or any datastore with KUBECONFIG set
+    /// or in a pod, as calico-node decides) it also reads kube-system's ConfigMaps
+    /// kubeadm-config (its podSubnet becomes the default pools' CIDRs when
+    /// CALICO_IPV4POOL_CIDR / CALICO_IPV6POOL_CIDR are unset) and full-cluster-state (Rancher),
+    /// both recorded in ClusterInformation's clusterType, and the Kubernetes Node
+    /// (CALICO_K8S_NODE_REF, else the node name), which must exist and whose InternalIP
+    /// kubernetes-internal-ip autodetection uses. A ConfigMap that is missing or may not be
+    /// read is simply absent; any other failure stops start-up.
     #[command(after_help = "Examples:
   # Register with an autodetected address reaching the cluster's gateway.
   IP_AUTODETECTION_METHOD=can-reach=10.0.0.1 margay node startup
@@ -59,6 +71,23 @@ pub enum NodeCommand {
     /// when every requested check passes, 1 with the reason otherwise. Calico's single-dash
     /// spellings (-felix-live, -bird-ready, -threshold-time) are accepted too.
     Health(HealthArgs),
+    /// Keep the Kubernetes Node's NetworkUnavailable condition (calico-node -complete-startup
+    /// and -shutdown): clear it once this node's networking is ready, set it on SIGTERM.
+    ///
+    /// Runs until SIGTERM (or SIGINT), beside Felix. It waits until Felix is ready (when
+    /// FELIX_HEALTHENABLED=true; FELIX_HEALTHHOST / FELIX_HEALTHPORT say where, as for
+    /// `margay node health`) and BIRD is (CALICO_NETWORKING_BACKEND=bird, the default; BIRD6
+    /// too when IP6 is set), or until --ready-timeout passes, then sets NetworkUnavailable to
+    /// False (reason CalicoIsUp) on the Kubernetes Node (CALICO_K8S_NODE_REF, else the node
+    /// name from NODENAME, the node name file or the hostname), retrying for 30 s. On SIGTERM
+    /// it sets it to True (CalicoIsDown) and exits 0. With CALICO_NETWORKING_BACKEND=none, or
+    /// without a Kubernetes API (the Kubernetes datastore, KUBECONFIG, or a pod's service
+    /// account), it writes nothing and only waits for SIGTERM. Exits 1 with the reason when
+    /// the condition cannot be written (the kubelet then restarts it).
+    #[command(after_help = "Example (a container of the margay-node DaemonSet):
+  DATASTORE_TYPE=kubernetes NODENAME=node-1 CALICO_NETWORKING_BACKEND=vxlan \\
+    FELIX_HEALTHENABLED=true margay node network-condition")]
+    NetworkCondition(ConditionArgs),
 }
 
 #[derive(Debug, Args)]
@@ -116,11 +145,32 @@ pub struct HealthArgs {
     pub root: PathBuf,
 }
 
+#[derive(Debug, Args)]
+pub struct ConditionArgs {
+    /// How long to wait for Felix and BIRD to be ready before clearing NetworkUnavailable
+    /// anyway: seconds or a duration (`300`, `5m`).
+    #[arg(long, value_name = "DURATION", default_value = "5m")]
+    pub ready_timeout: String,
+    /// BIRD's control socket (default /var/run/calico/bird.ctl, else /var/run/bird/bird.ctl).
+    #[arg(long, value_name = "PATH", env = "MARGAY_BIRD_SOCKET")]
+    pub bird_socket: Option<PathBuf>,
+    /// BIRD6's control socket (default /var/run/calico/bird6.ctl).
+    #[arg(long, value_name = "PATH", env = "MARGAY_BIRD6_SOCKET")]
+    pub bird6_socket: Option<PathBuf>,
+    /// Directory under which the node name file (/var/lib/calico/nodename) is found, as for
+    /// `margay node startup --root`.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+}
+
 /// `30`, `30s`, `500ms`, `2m` (calico-node takes a Go duration).
 fn parse_threshold(s: &str) -> Result<Duration, String> {
+    parse_duration("--threshold-time", s)
+}
+
+fn parse_duration(flag: &str, s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let bad =
-        || format!("--threshold-time {s:?}: give seconds or a duration such as 30s, 500ms, 2m");
+    let bad = || format!("{flag} {s:?}: give seconds or a duration such as 30s, 500ms, 2m");
     let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
         Some(i) => (&s[..i], &s[i..]),
         None => (s, "s"),
@@ -154,6 +204,7 @@ pub fn run_node(args: NodeArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 
     let result = match args.command {
         NodeCommand::Startup(a) => startup(&a, &get, out),
         NodeCommand::AllocateTunnelAddrs(a) => allocate_tunnel_addrs(&a, &get, out),
+        NodeCommand::NetworkCondition(a) => network_condition(&a, &get),
         NodeCommand::Health(a) => {
             let checks = HealthChecks {
                 felix_live: a.felix_live,
@@ -202,6 +253,72 @@ fn health_options(
     })
 }
 
+fn network_condition(
+    a: &ConditionArgs,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), String> {
+    use crate::condition::{
+        ConditionOptions, DEFAULT_READY_TIMEOUT, SHUTDOWN_RETRY, plan, run as run_condition,
+    };
+    let cfg = StartupConfig::from_lookup(get).map_err(|e| e.to_string())?;
+    let paths = Paths::new(&a.root);
+    let (name, _) =
+        node_name(get, &paths.nodename_file(&cfg), &kernel_hostname).map_err(|e| e.to_string())?;
+    let k8s_node = k8s_node_name(&name, cfg.k8s_node_ref.as_deref()).to_string();
+    let ds = DatastoreConfig::from_env().map_err(|e| format!("datastore configuration: {e}"))?;
+    let ready_timeout = parse_duration("--ready-timeout", &a.ready_timeout)?;
+    let plan = plan(cfg.backend, kubernetes_api_configured(&ds, get), get);
+    let health = HealthOptions {
+        bird_socket: a
+            .bird_socket
+            .clone()
+            .unwrap_or_else(|| margay_bird::default_socket(false)),
+        bird6_socket: a
+            .bird6_socket
+            .clone()
+            .unwrap_or_else(|| margay_bird::default_socket(true)),
+        // calico-node's wait gives BGP sessions this long to come up, all of them.
+        threshold: DEFAULT_READY_TIMEOUT,
+        nodename_file: paths.nodename_file(&cfg),
+    };
+    tracing::info!(node = %k8s_node, "the Kubernetes Node's NetworkUnavailable condition: {plan}");
+    let opts = ConditionOptions {
+        k8s_node,
+        plan,
+        health,
+        ready_timeout,
+        clear_retry: crate::kubernetes::CLEAR_RETRY,
+        shutdown_retry: SHUTDOWN_RETRY,
+        env: std::sync::Arc::new(|k: &str| std::env::var(k).ok()),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    rt.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())
+            .map_err(|e| format!("cannot listen for SIGTERM: {e}"))?;
+        let mut int = signal(SignalKind::interrupt())
+            .map_err(|e| format!("cannot listen for SIGINT: {e}"))?;
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM"),
+                _ = int.recv() => tracing::info!("SIGINT"),
+            }
+        };
+        let api = match &opts.plan {
+            crate::condition::Plan::Manage(_) => KubeCluster::connect(&ds, None, get)
+                .await
+                .map_err(|e| e.to_string())?,
+            crate::condition::Plan::Idle(_) => None,
+        };
+        run_condition(opts, api, stop)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
 fn startup(
     a: &StartupArgs,
     get: &dyn Fn(&str) -> Option<String>,
@@ -234,8 +351,15 @@ fn startup(
             .connect()
             .await
             .map_err(|e| format!("{} ({})", e, ds.describe()))?;
+        let cluster = KubeCluster::connect(&ds, Some(&backend), get)
+            .await
+            .map_err(|e| e.to_string())?;
+        let source = match &cluster {
+            Some(c) => ClusterSource::Api(c),
+            None => ClusterSource::None,
+        };
         let client = Client::new(backend);
-        run(&cfg, &name, &client, &net, &paths, &opts)
+        run_in_cluster(&cfg, &name, &client, &net, &paths, &opts, source)
             .await
             .map_err(|e| e.to_string())
     })?;

@@ -18,7 +18,7 @@ use margay_api::net::Cidr;
 use margay_bird::{BgpPeer, Client, ProtocolDetail, bgp_peers};
 
 /// What to check.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HealthChecks {
     pub felix_live: bool,
     pub felix_ready: bool,

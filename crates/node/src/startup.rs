@@ -1,11 +1,14 @@
 //! `margay node startup`: register this node the way calico-node's start-up does.
 //!
-//! Order (Calico's): node name → datastore (optionally waiting for it) → read or build the
-//! Node → addresses (given or autodetected) and conflict check → AS number → node reference
-//! → create or update the Node (compare-and-swap, retried) → directories → default IP pools →
-//! VXLAN tunnel addresses (calico-node's allocate-tunnel-addrs, see [`crate::tunnel`]) →
-//! default cluster configuration → node name file. Every step only writes what is missing or
-//! changed, so running start-up twice changes nothing the second time.
+//! Order (Calico's): node name → datastore (optionally waiting for it) → the cluster's
+//! kubeadm-config and full-cluster-state ConfigMaps and the Kubernetes Node, when a Kubernetes
+//! API is configured ([`ClusterSource`], [`crate::kubernetes`]) → read or build the Node →
+//! addresses (given or autodetected) and conflict check → AS number → node reference → create
+//! or update the Node (compare-and-swap, retried) → directories → default IP pools (kubeadm's
+//! pod CIDRs when CALICO_IPV4POOL_CIDR / CALICO_IPV6POOL_CIDR are unset) → VXLAN tunnel
+//! addresses (calico-node's allocate-tunnel-addrs, see [`crate::tunnel`]) → default cluster
+//! configuration → node name file. Every step only writes what is missing or changed, so
+//! running start-up twice changes nothing the second time.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -25,6 +28,10 @@ use crate::autodetect::{self, Family, InterfaceInfo, Method, NetView};
 use crate::config::{
     AddressSetting, DEFAULT_IPV4_POOL_CIDR, DEFAULT_IPV4_POOL_NAME, DEFAULT_IPV6_POOL_NAME,
     NetworkingBackend, PoolParams, PoolSetting, StartupConfig,
+};
+use crate::kubernetes::{
+    ClusterFacts, KUBEADM_CONFIG, KubeCluster, RANCHER_STATE, cluster_types, internal_ips,
+    k8s_node_name, kubeadm_pod_subnets,
 };
 
 /// Why start-up failed; each message says what to fix.
@@ -50,6 +57,14 @@ pub enum StartupError {
         "there is no node {0:?} to register: in the Kubernetes datastore Calico's Nodes are the cluster's Kubernetes Nodes, which only the kubelet creates; check that this host joined the cluster and that NODENAME (or the hostname) is its Kubernetes node name"
     )]
     NoSuchNode(String),
+    /// CALICO_K8S_NODE_REF names a Kubernetes Node the cluster does not have.
+    #[error(
+        "CALICO_K8S_NODE_REF={0:?}: the cluster has no Kubernetes Node of that name; set it to this host's Kubernetes node name (or unset it to use the node name)"
+    )]
+    NoSuchNodeRef(String),
+    /// Reading the cluster (ConfigMaps, the Kubernetes Node) failed.
+    #[error(transparent)]
+    Kubernetes(#[from] crate::kubernetes::KubeError),
     #[error("default IPv{version} pool: {var}: {message}")]
     Pool {
         version: u8,
@@ -212,7 +227,17 @@ impl NetView for NetSnapshot {
 
 const WRITE_ATTEMPTS: usize = 5;
 
-/// Runs start-up for `node_name` against `client`.
+/// Where start-up learns about the Kubernetes cluster it runs in.
+pub enum ClusterSource<'a> {
+    /// No Kubernetes API is configured: nothing is read.
+    None,
+    /// Facts known already (tests).
+    Known(ClusterFacts),
+    /// Read from the API, after the datastore is ready.
+    Api(&'a KubeCluster),
+}
+
+/// Runs start-up for `node_name` against `client`, outside Kubernetes.
 pub async fn run<B: KvBackend + Clone>(
     cfg: &StartupConfig,
     node_name: &str,
@@ -221,6 +246,29 @@ pub async fn run<B: KvBackend + Clone>(
     paths: &Paths,
     opts: &StartupOptions,
 ) -> Result<Outcome, StartupError> {
+    run_in_cluster(
+        cfg,
+        node_name,
+        client,
+        net,
+        paths,
+        opts,
+        ClusterSource::None,
+    )
+    .await
+}
+
+/// Runs start-up for `node_name` against `client`, with what `cluster` says about the
+/// Kubernetes cluster.
+pub async fn run_in_cluster<B: KvBackend + Clone>(
+    cfg: &StartupConfig,
+    node_name: &str,
+    client: &Client<B>,
+    net: &dyn NetView,
+    paths: &Paths,
+    opts: &StartupOptions,
+    cluster: ClusterSource<'_>,
+) -> Result<Outcome, StartupError> {
     let mut outcome = Outcome {
         node_name: node_name.to_string(),
         ..Outcome::default()
@@ -228,12 +276,18 @@ pub async fn run<B: KvBackend + Clone>(
     if cfg.wait_for_datastore {
         wait_for_datastore(client, opts.wait_timeout).await?;
     }
-    register_node(cfg, node_name, client, net, &mut outcome).await?;
+    let k8s_node = k8s_node_name(node_name, cfg.k8s_node_ref.as_deref());
+    let facts = match cluster {
+        ClusterSource::None => ClusterFacts::default(),
+        ClusterSource::Known(f) => f,
+        ClusterSource::Api(api) => read_cluster(api, k8s_node, node_name).await?,
+    };
+    register_node(cfg, node_name, client, net, &facts, &mut outcome).await?;
     ensure_directories(cfg, paths)?;
-    ensure_pools(cfg, client, net, opts, &mut outcome).await?;
+    ensure_pools(cfg, client, net, opts, &facts, &mut outcome).await?;
     let ipam = margay_ipam::Ipam::new(client.backend().clone());
     outcome.tunnel = crate::tunnel::allocate_tunnel_addrs(client, &ipam, node_name).await?;
-    ensure_defaults(cfg, node_name, client, opts, &mut outcome).await?;
+    ensure_defaults(cfg, node_name, client, opts, &facts, &mut outcome).await?;
     let file = paths.nodename_file(cfg);
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir).map_err(|e| StartupError::Filesystem {
@@ -249,6 +303,41 @@ pub async fn run<B: KvBackend + Clone>(
         })?;
     }
     Ok(outcome)
+}
+
+/// Calico's reads, in its order: kubeadm's and Rancher's ConfigMaps (absent or forbidden =
+/// not that kind of cluster), then the Kubernetes Node (which must exist).
+async fn read_cluster(
+    api: &KubeCluster,
+    k8s_node: &str,
+    node_name: &str,
+) -> Result<ClusterFacts, StartupError> {
+    let kubeadm_config = api
+        .optional_configmap(KUBEADM_CONFIG, "a kubeadm cluster")
+        .await?;
+    let rancher_state = api
+        .optional_configmap(RANCHER_STATE, "a Rancher cluster")
+        .await?
+        .is_some();
+    let node = match api.node(k8s_node).await? {
+        Some(n) => n,
+        None if k8s_node == node_name => {
+            return Err(StartupError::NoSuchNode(k8s_node.to_string()));
+        }
+        None => return Err(StartupError::NoSuchNodeRef(k8s_node.to_string())),
+    };
+    tracing::info!(
+        kubeadm = kubeadm_config.is_some(),
+        rancher = rancher_state,
+        k8s_node,
+        "read the Kubernetes cluster's configuration"
+    );
+    Ok(ClusterFacts {
+        kubernetes: true,
+        kubeadm_config,
+        rancher_state,
+        internal_ips: internal_ips(&node),
+    })
 }
 
 async fn wait_for_datastore<B: KvBackend>(
@@ -289,6 +378,7 @@ async fn register_node<B: KvBackend>(
     node_name: &str,
     client: &Client<B>,
     net: &dyn NetView,
+    facts: &ClusterFacts,
     outcome: &mut Outcome,
 ) -> Result<(), StartupError> {
     let key = ResourceKey {
@@ -320,7 +410,7 @@ async fn register_node<B: KvBackend>(
         };
         let before = node.clone();
         outcome.decisions.clear();
-        let check_conflicts = configure_addresses(cfg, &mut node, &snapshot, outcome)?;
+        let check_conflicts = configure_addresses(cfg, &mut node, &snapshot, facts, outcome)?;
         if check_conflicts
             && !cfg.disable_node_ip_check
             && let Err(conflict) = check_conflicts_with_others(client, &node).await?
@@ -398,6 +488,7 @@ fn configure_addresses(
     cfg: &StartupConfig,
     node: &mut Node,
     net: &dyn NetView,
+    facts: &ClusterFacts,
     outcome: &mut Outcome,
 ) -> Result<bool, StartupError> {
     if cfg.backend == NetworkingBackend::None {
@@ -410,15 +501,19 @@ fn configure_addresses(
         node.spec.interfaces.clone(),
     );
 
-    // kubernetes-internal-ip reads the Kubernetes Node's InternalIPs, which the Kubernetes
-    // datastore shows as the Node's addresses of type InternalIP.
-    let internal_ips: Vec<IpAddr> = node
-        .spec
-        .addresses
-        .iter()
-        .filter(|a| a.type_ == "InternalIP")
-        .filter_map(|a| a.address.parse().ok())
-        .collect();
+    // kubernetes-internal-ip reads the Kubernetes Node's InternalIPs: the Node read from the
+    // cluster (CALICO_K8S_NODE_REF's, or this node's), else the Node's addresses of type
+    // InternalIP, which the Kubernetes datastore derives from the same Kubernetes Node.
+    let internal_ips: Vec<IpAddr> = if facts.kubernetes {
+        facts.internal_ips.clone()
+    } else {
+        node.spec
+            .addresses
+            .iter()
+            .filter(|a| a.type_ == "InternalIP")
+            .filter_map(|a| a.address.parse().ok())
+            .collect()
+    };
     let v4_auto = matches!(cfg.ipv4, AddressSetting::Autodetect)
         || (cfg.ipv4 == AddressSetting::Unset && bgp.ipv4_address.is_empty());
     bgp.ipv4_address = choose(
@@ -665,6 +760,7 @@ async fn ensure_pools<B: KvBackend>(
     client: &Client<B>,
     net: &dyn NetView,
     opts: &StartupOptions,
+    facts: &ClusterFacts,
     outcome: &mut Outcome,
 ) -> Result<(), StartupError> {
     if cfg.ipv4_pool.is_none() && cfg.ipv6_pool.is_none() {
@@ -678,12 +774,40 @@ async fn ensure_pools<B: KvBackend>(
             _ => false,
         })
     };
+    // kubeadm's pod CIDRs stand in for CALICO_IPV4POOL_CIDR / CALICO_IPV6POOL_CIDR when
+    // those are unset (Calico's rule).
+    let kubeadm = facts
+        .kubeadm_config
+        .as_ref()
+        .map(kubeadm_pod_subnets)
+        .unwrap_or_default();
+    let choose = |given: Option<Cidr>, from_kubeadm: Option<Cidr>, var: &'static str| match (
+        given,
+        from_kubeadm,
+    ) {
+        (Some(c), _) => Some((c.network(), var)),
+        (None, Some(c)) => {
+            tracing::info!(cidr = %c, "using the pod CIDR of ConfigMap kube-system/kubeadm-config ({var} is unset)");
+            Some((c, KUBEADM_SOURCE))
+        }
+        (None, None) => None,
+    };
     if let Some(PoolSetting::Create(params)) = &cfg.ipv4_pool {
         if present(true) {
             tracing::info!("an IPv4 pool exists; not creating the default one");
         } else {
-            let cidr = params.cidr.unwrap_or_else(|| default_ipv4_pool(net));
-            create_pool(client, 4, DEFAULT_IPV4_POOL_NAME, cidr, params, outcome).await?;
+            let (cidr, source) = choose(params.cidr, kubeadm.v4, "CALICO_IPV4POOL_CIDR")
+                .unwrap_or_else(|| (default_ipv4_pool(net), "CALICO_IPV4POOL_CIDR"));
+            create_pool(
+                client,
+                4,
+                DEFAULT_IPV4_POOL_NAME,
+                cidr,
+                source,
+                params,
+                outcome,
+            )
+            .await?;
         }
     }
     if let Some(PoolSetting::Create(params)) = &cfg.ipv6_pool {
@@ -694,15 +818,25 @@ async fn ensure_pools<B: KvBackend>(
                 "IPv6 is not supported here (FELIX_IPV6SUPPORT or kernel); no default IPv6 pool"
             );
         } else {
-            let cidr = match params.cidr {
-                Some(c) => c,
-                None => random_ula_48(),
-            };
-            create_pool(client, 6, DEFAULT_IPV6_POOL_NAME, cidr, params, outcome).await?;
+            let (cidr, source) = choose(params.cidr, kubeadm.v6, "CALICO_IPV6POOL_CIDR")
+                .unwrap_or_else(|| (random_ula_48(), "CALICO_IPV6POOL_CIDR"));
+            create_pool(
+                client,
+                6,
+                DEFAULT_IPV6_POOL_NAME,
+                cidr,
+                source,
+                params,
+                outcome,
+            )
+            .await?;
         }
     }
     Ok(())
 }
+
+/// Names kubeadm's ConfigMap as the source of a default pool's CIDR in errors.
+const KUBEADM_SOURCE: &str = "podSubnet of ConfigMap kube-system/kubeadm-config (set CALICO_IPV4POOL_CIDR / CALICO_IPV6POOL_CIDR to override it)";
 
 /// Calico's default IPv4 pool: 192.168.0.0/16, unless a host address is inside it, then the
 /// first of 172.16-31.0.0/16 that holds none.
@@ -749,6 +883,7 @@ async fn create_pool<B: KvBackend>(
     version: u8,
     name: &str,
     cidr: Cidr,
+    source: &'static str,
     params: &PoolParams,
     outcome: &mut Outcome,
 ) -> Result<(), StartupError> {
@@ -771,18 +906,11 @@ async fn create_pool<B: KvBackend>(
         }
         // Another node got there first.
         Err(DatastoreError::AlreadyExists { .. }) => Ok(()),
-        Err(DatastoreError::Validation { errors, .. }) => {
-            let var = if version == 4 {
-                "CALICO_IPV4POOL_CIDR"
-            } else {
-                "CALICO_IPV6POOL_CIDR"
-            };
-            Err(StartupError::Pool {
-                version,
-                var,
-                message: format!("the pool {cidr} would be invalid: {errors}"),
-            })
-        }
+        Err(DatastoreError::Validation { errors, .. }) => Err(StartupError::Pool {
+            version,
+            var: source,
+            message: format!("the pool {cidr} would be invalid: {errors}"),
+        }),
         Err(e) => Err(e.into()),
     }
 }
@@ -792,9 +920,10 @@ async fn ensure_defaults<B: KvBackend>(
     node_name: &str,
     client: &Client<B>,
     opts: &StartupOptions,
+    facts: &ClusterFacts,
     outcome: &mut Outcome,
 ) -> Result<(), StartupError> {
-    ensure_cluster_information(cfg, client, opts, outcome).await?;
+    ensure_cluster_information(cfg, client, opts, facts, outcome).await?;
     for (name, order, action) in [
         (
             margay_api::policy::DEFAULT_TIER,
@@ -901,16 +1030,16 @@ async fn ensure_cluster_information<B: KvBackend>(
     cfg: &StartupConfig,
     client: &Client<B>,
     opts: &StartupOptions,
+    facts: &ClusterFacts,
     outcome: &mut Outcome,
 ) -> Result<(), StartupError> {
     let version = opts.version.clone();
-    let wanted_types: Vec<String> = cfg
-        .cluster_type
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(str::to_string)
-        .collect();
+    let wanted_types = cluster_types(
+        &cfg.cluster_type,
+        facts.kubeadm_config.is_some(),
+        facts.rancher_state,
+        opts.kubernetes_datastore,
+    );
     complete_or_create(client, Kind::ClusterInformation, "default", outcome, |r| {
         let Resource::ClusterInformation(ci) = r else {
             return false;

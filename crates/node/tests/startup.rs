@@ -10,8 +10,10 @@ use margay_api::{Kind, Node, ObjectMeta, Resource, ResourceKey};
 use margay_datastore::{Client, MemBackend};
 use margay_node::autodetect::{InterfaceInfo, NetView};
 use margay_node::config::StartupConfig;
+use margay_node::kubernetes::ClusterFacts;
 use margay_node::startup::{
-    NameSource, Outcome, Paths, StartupError, StartupOptions, node_name, run,
+    ClusterSource, NameSource, Outcome, Paths, StartupError, StartupOptions, node_name, run,
+    run_in_cluster,
 };
 
 struct FakeHost {
@@ -211,6 +213,200 @@ async fn kubernetes_internal_ip_uses_the_nodes_internal_ip_and_its_interface_pre
     assert!(
         msg.contains("no IPv4 InternalIP") && msg.contains("IP_AUTODETECTION_METHOD"),
         "{msg}"
+    );
+}
+
+/// What start-up reads in a kubeadm cluster whose kubeadm-config says `podSubnet`.
+fn kubeadm(pod_subnet: &str, rancher: bool) -> ClusterFacts {
+    ClusterFacts {
+        kubernetes: true,
+        kubeadm_config: Some(
+            [(
+                "ClusterConfiguration".to_string(),
+                format!("networking:\n  podSubnet: {pod_subnet}\n  serviceSubnet: 10.96.0.0/12\n"),
+            )]
+            .into(),
+        ),
+        rancher_state: rancher,
+        internal_ips: vec!["10.0.0.5".parse().unwrap()],
+    }
+}
+
+async fn pool_cidrs(client: &Client<MemBackend>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = client
+        .list(Kind::IPPool, None, "")
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| match p {
+            Resource::IPPool(p) => (p.metadata.name.clone(), p.spec.cidr.clone()),
+            _ => unreachable!(),
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+async fn cluster_type(client: &Client<MemBackend>) -> String {
+    match client
+        .get(&ResourceKey {
+            kind: Kind::ClusterInformation,
+            namespace: String::new(),
+            name: "default".into(),
+        })
+        .await
+        .unwrap()
+    {
+        Resource::ClusterInformation(ci) => ci.spec.cluster_type,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn kubeadms_pod_subnet_is_the_default_pools_cidr_unless_one_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let kube = StartupOptions {
+        kubernetes_datastore: true,
+        ..opts()
+    };
+    let start = |client: Client<MemBackend>, env: Env, facts: ClusterFacts| {
+        let (root, kube) = (dir.path().to_path_buf(), kube.clone());
+        async move {
+            run_in_cluster(
+                &env.config(),
+                "node-a",
+                &client,
+                &host(),
+                &Paths::new(root),
+                &kube,
+                ClusterSource::Known(facts),
+            )
+            .await
+        }
+    };
+    // Neither CIDR set: both pools take kubeadm's (host bits cleared, as a pool is made).
+    let client = Client::new(MemBackend::new());
+    start(
+        client.clone(),
+        Env::new(&[("IP", "10.0.0.5/24"), ("CLUSTER_TYPE", "k8s,bgp")]),
+        kubeadm("10.244.1.0/16,fd00:10::/56", true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        pool_cidrs(&client).await,
+        [
+            ("default-ipv4-ippool".into(), "10.244.0.0/16".into()),
+            ("default-ipv6-ippool".into(), "fd00:10::/56".into())
+        ]
+    );
+    // Calico's order: CLUSTER_TYPE, kubeadm, rancher, then kdd on the Kubernetes datastore.
+    assert_eq!(cluster_type(&client).await, "k8s,bgp,kubeadm,rancher,kdd");
+
+    // An explicit CALICO_IPV4POOL_CIDR wins; the IPv6 pool still follows kubeadm.
+    let client = Client::new(MemBackend::new());
+    start(
+        client.clone(),
+        Env::new(&[
+            ("IP", "10.0.0.5/24"),
+            ("CALICO_IPV4POOL_CIDR", "10.65.0.0/16"),
+        ]),
+        kubeadm("10.244.0.0/16,fd00:10::/56", false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        pool_cidrs(&client).await,
+        [
+            ("default-ipv4-ippool".into(), "10.65.0.0/16".into()),
+            ("default-ipv6-ippool".into(), "fd00:10::/56".into())
+        ]
+    );
+    assert_eq!(cluster_type(&client).await, "kubeadm,kdd");
+
+    // No kubeadm-config: Calico's defaults; a v4-only podSubnet leaves IPv6 to its default.
+    let client = Client::new(MemBackend::new());
+    let facts = ClusterFacts {
+        kubeadm_config: None,
+        ..kubeadm("", false)
+    };
+    start(
+        client.clone(),
+        Env::new(&[("IP", "10.0.0.5/24"), ("CALICO_IPV6POOL_CIDR", "none")]),
+        facts,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        pool_cidrs(&client).await,
+        [("default-ipv4-ippool".into(), "192.168.0.0/16".into())]
+    );
+    assert_eq!(cluster_type(&client).await, "kdd");
+    let client = Client::new(MemBackend::new());
+    start(
+        client.clone(),
+        Env::new(&[("IP", "10.0.0.5/24")]),
+        kubeadm("10.244.0.0/16", false),
+    )
+    .await
+    .unwrap();
+    let pools = pool_cidrs(&client).await;
+    assert_eq!(pools[0].1, "10.244.0.0/16");
+    assert!(
+        pools[1].1.starts_with("fd") && pools[1].1.ends_with("/48"),
+        "{pools:?}"
+    );
+
+    // A kubeadm CIDR that cannot be a pool names its source and the override.
+    let client = Client::new(MemBackend::new());
+    let e = start(
+        client,
+        Env::new(&[("IP", "10.0.0.5/24")]),
+        kubeadm("10.244.0.0/28", false),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("podSubnet of ConfigMap kube-system/kubeadm-config")
+            && e.contains("CALICO_IPV4POOL_CIDR"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn kubernetes_internal_ip_is_the_referenced_kubernetes_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = Client::new(MemBackend::new());
+    // The Calico Node's own addresses say otherwise: the Kubernetes Node read from the cluster
+    // (CALICO_K8S_NODE_REF's) is the one that counts.
+    let mut n = Node::new(ObjectMeta::named("node-a"), Default::default());
+    n.spec.addresses = vec![margay_api::endpoint::NodeAddress {
+        address: "127.0.0.1".into(),
+        type_: "InternalIP".into(),
+    }];
+    client.create(Resource::Node(n)).await.unwrap();
+    let env = Env::new(&[
+        ("IP", "autodetect"),
+        ("IP_AUTODETECTION_METHOD", "kubernetes-internal-ip"),
+        ("CALICO_K8S_NODE_REF", "k8s-a"),
+    ]);
+    let out = run_in_cluster(
+        &env.config(),
+        "node-a",
+        &client,
+        &host(),
+        &Paths::new(dir.path()),
+        &opts(),
+        ClusterSource::Known(kubeadm("10.244.0.0/16", false)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.ipv4.as_deref(), Some("10.0.0.5/24"));
+    assert_eq!(
+        node(&client, "node-a").await.spec.orch_refs[0].node_name,
+        "k8s-a"
     );
 }
 
