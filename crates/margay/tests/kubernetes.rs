@@ -6,8 +6,9 @@
 //! Calico's `projectcalico.org/*` annotations, `networking.k8s.io/v1` NetworkPolicies — and
 //! Calico's custom resources. What the roles write is checked in the double itself, with
 //! Calico's layout. Section 6 is start-up in a kubeadm cluster (kube-system's ConfigMaps, also
-//! with etcd as the datastore) and `margay node network-condition` on the Node's conditions. No root needed: Felix uses the recording dataplane, node start-up gets its
-//! address from `IP=` (or from the Node's InternalIP on lo), confd does not reload BIRD.
+//! with etcd as the datastore) and `margay node network-condition` on the Node's conditions.
+//! No root needed: Felix uses the recording dataplane, node start-up gets its address from
+//! `IP=` (or from the Node's InternalIP on lo), confd does not reload BIRD.
 #![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
 
 use std::collections::BTreeMap;
