@@ -15,7 +15,8 @@
 //!   environment, with KUBECONFIG pointing at the double) and bring a node up: start-up
 //!   registers it, the CNI configuration script writes a kubeconfig the CNI plugin connects
 //!   with, Typha serves, Felix finds Typha through its Service and gets ready (its own probe
-//!   says so), confd renders through Typha. Every request each of them makes is one its
+//!   says so), network-condition then clears the Node's NetworkUnavailable and sets it again on
+//!   SIGTERM, confd renders through Typha. Every request each of them makes is one its
 //!   ServiceAccount's roles in `deploy/rbac.yaml` allow.
 #![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
 
@@ -1287,12 +1288,45 @@ fn bgp_variant_is_the_default_daemonset_plus_bird() {
     assert_eq!(eb["CALICO_NETWORKING_BACKEND"]["value"], "bird");
     assert_eq!(eb["CALICO_IPV4POOL_VXLAN"]["value"], "Never");
 
+    // network-condition waits for what start-up's backend runs (BIRD too with bird): the same
+    // CALICO_NETWORKING_BACKEND in both containers, and its only difference.
+    let condition_env = |ds: &Value| -> BTreeMap<String, Value> {
+        ds["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "network-condition")
+            .unwrap_or_else(|| panic!("no network-condition container"))["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
+            .collect()
+    };
+    let (ca, cb) = (condition_env(&a), condition_env(&b));
+    assert_eq!(
+        ca["CALICO_NETWORKING_BACKEND"],
+        ea["CALICO_NETWORKING_BACKEND"]
+    );
+    assert_eq!(
+        cb["CALICO_NETWORKING_BACKEND"],
+        eb["CALICO_NETWORKING_BACKEND"]
+    );
+    let without_backend = |mut m: BTreeMap<String, Value>| {
+        m.remove("CALICO_NETWORKING_BACKEND");
+        m
+    };
+    assert_eq!(without_backend(ca), without_backend(cb));
+
     let strip = |ds: &Value| -> Value {
         let mut ds = ds.clone();
         let pod = &mut ds["spec"]["template"]["spec"];
         pod["initContainers"][0]["env"] = json!(null);
         let cs = pod["containers"].as_array_mut().unwrap();
         cs.retain(|c| c["name"] != "confd" && c["name"] != "bird");
+        for c in cs.iter_mut().filter(|c| c["name"] == "network-condition") {
+            c["env"] = json!(null);
+        }
         let vs = pod["volumes"].as_array_mut().unwrap();
         vs.retain(|v| v["name"] != "bird-config");
         ds
@@ -2114,6 +2148,58 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
     assert!(
         felix_log.contains(&format!("127.0.0.1:{typha_port}")),
         "Felix uses the Typha it found in the Service: {felix_log}"
+    );
+
+    // network-condition beside Felix: NetworkUnavailable False once Felix is ready (the
+    // probe above says it is), True again on SIGTERM.
+    let cond_c = container(&m, "DaemonSet/margay-node containers[network-condition]");
+    let c = container_command(
+        &m,
+        &cond_c,
+        d,
+        &[kc.clone(), ("FELIX_HEALTHPORT", felix_health.to_string())],
+    );
+    let mut cond = Proc::spawn(c, d.join("network-condition.log"), "network-condition");
+    let condition = || -> Value {
+        s.get(NODES, "", NODE).unwrap()["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "NetworkUnavailable")
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    wait_for("NetworkUnavailable False (CalicoIsUp)", || {
+        cond.assert_running();
+        let c = condition();
+        if c["reason"] == "CalicoIsUp" && c["status"] == "False" {
+            Ok(())
+        } else {
+            Err(format!("{c}; log: {}", cond.log()))
+        }
+    });
+    let pid = cond.child.as_ref().unwrap().id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let exited = wait_for("network-condition to exit on SIGTERM", || {
+        cond.child
+            .as_mut()
+            .unwrap()
+            .try_wait()
+            .unwrap()
+            .ok_or_else(|| cond.log())
+    });
+    assert!(exited.success(), "{exited}: {}", cond.log());
+    let down = condition();
+    assert_eq!(
+        (&down["status"], &down["reason"]),
+        (&json!("True"), &json!("CalicoIsDown")),
+        "{down}"
     );
 
     // confd of the BGP variant, once, through the same Typha.
