@@ -10,7 +10,7 @@ use margay_datastore::{Client, DatastoreConfig};
 use crate::autodetect::NetView;
 use crate::config::StartupConfig;
 use crate::health::{HealthChecks, HealthOptions, check};
-use crate::kubernetes::{KubeCluster, k8s_node_name, kubernetes_api_configured};
+use crate::kubernetes::{KubeCluster, k8s_node_name, kubernetes_api_configured_here};
 use crate::startup::{
     ClusterSource, NetSnapshot, Paths, StartupOptions, kernel_hostname, node_name, run_in_cluster,
 };
@@ -34,8 +34,8 @@ pub enum NodeCommand {
     /// variables (DATASTORE_TYPE, DATASTORE_PATH, ETCD_ENDPOINTS, ...). Exits 0 when the node
     /// is registered, 1 with one line saying what to fix otherwise.
     ///
-    /// In a Kubernetes cluster (the Kubernetes datastore; or any datastore with KUBECONFIG set
-    /// or in a pod, as calico-node decides) it also reads kube-system's ConfigMaps
+    /// In a Kubernetes cluster (the Kubernetes datastore; or etcd with KUBECONFIG set or in a
+    /// pod, as calico-node decides; never the local store) it also reads kube-system's ConfigMaps
     /// kubeadm-config (its podSubnet becomes the default pools' CIDRs when
     /// CALICO_IPV4POOL_CIDR / CALICO_IPV6POOL_CIDR are unset) and full-cluster-state (Rancher),
     /// both recorded in ClusterInformation's clusterType, and the Kubernetes Node
@@ -81,8 +81,8 @@ pub enum NodeCommand {
     /// False (reason CalicoIsUp) on the Kubernetes Node (CALICO_K8S_NODE_REF, else the node
     /// name from NODENAME, the node name file or the hostname), retrying for 30 s. On SIGTERM
     /// it sets it to True (CalicoIsDown) and exits 0. With CALICO_NETWORKING_BACKEND=none, or
-    /// without a Kubernetes API (the Kubernetes datastore, KUBECONFIG, or a pod's service
-    /// account), it writes nothing and only waits for SIGTERM. Exits 1 with the reason when
+    /// without a Kubernetes API (the Kubernetes datastore; etcd with KUBECONFIG or in a pod),
+    /// it writes nothing and only waits for SIGTERM. Exits 1 with the reason when
     /// the condition cannot be written (the kubelet then restarts it).
     #[command(after_help = "Example (a container of the margay-node DaemonSet):
   DATASTORE_TYPE=kubernetes NODENAME=node-1 CALICO_NETWORKING_BACKEND=vxlan \\
@@ -267,7 +267,7 @@ fn network_condition(
     let k8s_node = k8s_node_name(&name, cfg.k8s_node_ref.as_deref()).to_string();
     let ds = DatastoreConfig::from_env().map_err(|e| format!("datastore configuration: {e}"))?;
     let ready_timeout = parse_duration("--ready-timeout", &a.ready_timeout)?;
-    let plan = plan(cfg.backend, kubernetes_api_configured(&ds, get), get);
+    let plan = plan(cfg.backend, kubernetes_api_configured_here(&ds, get), get);
     let health = HealthOptions {
         bird_socket: a
             .bird_socket

@@ -82,7 +82,7 @@ pub fn plan(
     }
     if !kubernetes_api {
         return Plan::Idle(
-            "no Kubernetes API is configured (not the Kubernetes datastore, no KUBECONFIG, not in a pod): there is no Node condition to set".into(),
+            "no Kubernetes API is configured (neither the Kubernetes datastore nor etcd with KUBECONFIG or in a pod): there is no Node condition to set".into(),
         );
     }
     let felix = get("FELIX_HEALTHENABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));

@@ -42,18 +42,41 @@ pub fn k8s_node_name<'a>(node_name: &'a str, node_ref: Option<&'a str>) -> &'a s
     node_ref.filter(|r| !r.is_empty()).unwrap_or(node_name)
 }
 
-/// Whether a Kubernetes API is there to read, as Calico decides it: the Kubernetes datastore,
-/// or (whatever the datastore) KUBECONFIG set or a pod's in-cluster service environment. With
-/// etcd and neither, calico-node runs outside Kubernetes and reads nothing from it.
+/// Where a pod's service-account token is (client-go's in-cluster configuration needs it).
+pub const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// Whether a Kubernetes API is there to read, as Calico decides it: always on the Kubernetes
+/// datastore; with etcd, when KUBECONFIG is set or the process runs in a pod (the in-cluster
+/// service variables and a service-account token, `token_exists`). Without either calico-node
+/// runs outside Kubernetes and reads nothing from it. margay's embedded store (`local`) is a
+/// single machine's and never reads a cluster, whatever the environment says.
 pub fn kubernetes_api_configured(
     ds: &DatastoreConfig,
     get: &dyn Fn(&str) -> Option<String>,
+    token_exists: &dyn Fn() -> bool,
 ) -> bool {
     let set = |k: &str| get(k).is_some_and(|v| !v.trim().is_empty());
-    ds.datastore_type == DatastoreType::Kubernetes
-        || !ds.kube.kubeconfig.is_empty()
-        || ds.kube.kubeconfig_inline.is_some()
-        || (set("KUBERNETES_SERVICE_HOST") && set("KUBERNETES_SERVICE_PORT"))
+    match ds.datastore_type {
+        DatastoreType::Kubernetes => true,
+        DatastoreType::Local => false,
+        DatastoreType::Etcd => {
+            !ds.kube.kubeconfig.is_empty()
+                || ds.kube.kubeconfig_inline.is_some()
+                || (set("KUBERNETES_SERVICE_HOST")
+                    && set("KUBERNETES_SERVICE_PORT")
+                    && token_exists())
+        }
+    }
+}
+
+/// [`kubernetes_api_configured`] for this process.
+pub fn kubernetes_api_configured_here(
+    ds: &DatastoreConfig,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> bool {
+    kubernetes_api_configured(ds, get, &|| {
+        std::path::Path::new(SERVICE_ACCOUNT_TOKEN).exists()
+    })
 }
 
 /// The pod CIDRs of a kubeadm cluster, from the `data` of its `kubeadm-config` ConfigMap.
@@ -227,7 +250,7 @@ impl KubeCluster {
         if let Some(AnyBackend::Kube(k)) = backend {
             return Ok(Some(KubeCluster::new(k.api().clone())));
         }
-        if !kubernetes_api_configured(ds, get) {
+        if !kubernetes_api_configured_here(ds, get) {
             return Ok(None);
         }
         let backend = KubeBackend::connect(&ds.kube).await.map_err(|e| {
@@ -520,35 +543,47 @@ mod tests {
 
     #[test]
     fn api_configured_as_calico_decides() {
-        let ds = |vars: &[(&str, &str)]| {
+        let configured = |vars: &[(&str, &str)], token: bool| {
             let v: Vec<(String, String)> = vars
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect();
             let get = move |k: &str| v.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
             let cfg = DatastoreConfig::from_lookup(&get).unwrap_or_else(|e| panic!("{e}"));
-            kubernetes_api_configured(&cfg, &get)
+            kubernetes_api_configured(&cfg, &get, &|| token)
         };
-        assert!(ds(&[("DATASTORE_TYPE", "kubernetes")]));
-        assert!(!ds(&[
-            ("DATASTORE_TYPE", "etcdv3"),
-            ("ETCD_ENDPOINTS", "http://127.0.0.1:1")
-        ]));
-        assert!(ds(&[
+        let etcd = [
             ("DATASTORE_TYPE", "etcdv3"),
             ("ETCD_ENDPOINTS", "http://127.0.0.1:1"),
-            ("KUBECONFIG", "/etc/kubeconfig")
-        ]));
-        assert!(ds(&[
-            ("ETCD_ENDPOINTS", "http://127.0.0.1:1"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut v = etcd.to_vec();
+            v.extend_from_slice(extra);
+            v
+        };
+        let in_pod = [
             ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
-            ("KUBERNETES_SERVICE_PORT", "443")
-        ]));
-        assert!(!ds(&[
-            ("ETCD_ENDPOINTS", "http://127.0.0.1:1"),
-            ("KUBERNETES_SERVICE_HOST", "10.96.0.1")
-        ]));
-        assert!(!ds(&[("DATASTORE_TYPE", "local")]));
+            ("KUBERNETES_SERVICE_PORT", "443"),
+        ];
+        assert!(configured(&[("DATASTORE_TYPE", "kubernetes")], false));
+        assert!(!configured(&etcd, true));
+        assert!(configured(
+            &with(&[("KUBECONFIG", "/etc/kubeconfig")]),
+            false
+        ));
+        assert!(configured(&with(&in_pod), true));
+        assert!(!configured(&with(&in_pod), false), "no token: not in a pod");
+        assert!(!configured(&with(&in_pod[..1]), true));
+        // The embedded store never reads a cluster.
+        assert!(!configured(
+            &[
+                ("DATASTORE_TYPE", "local"),
+                ("KUBECONFIG", "/etc/kubeconfig"),
+                ("KUBERNETES_SERVICE_HOST", "10.96.0.1"),
+                ("KUBERNETES_SERVICE_PORT", "443"),
+            ],
+            true
+        ));
     }
 
     #[test]
