@@ -86,10 +86,40 @@ pub struct KubernetesConf {
     pub k8s_api_root: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Calico's `policy` block: the policy handler and, for the plugin's own Kubernetes API
+/// client (the pod lookup), overrides on top of `kubernetes.kubeconfig`.
+#[derive(Clone, Default, Deserialize)]
 pub struct PolicyConf {
     #[serde(rename = "type", default)]
     pub policy_type: String,
+    /// The API server (`https://host:port`; a trailing `/api/...` is cut off, as Calico does).
+    #[serde(default)]
+    pub k8s_api_root: String,
+    #[serde(default)]
+    pub k8s_auth_token: String,
+    #[serde(default)]
+    pub k8s_client_certificate: String,
+    #[serde(default)]
+    pub k8s_client_key: String,
+    #[serde(default)]
+    pub k8s_certificate_authority: String,
+}
+
+impl std::fmt::Debug for PolicyConf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a credential: never printed.
+        f.debug_struct("PolicyConf")
+            .field("policy_type", &self.policy_type)
+            .field("k8s_api_root", &self.k8s_api_root)
+            .field(
+                "k8s_auth_token",
+                &(!self.k8s_auth_token.is_empty()).then_some("<redacted>"),
+            )
+            .field("k8s_client_certificate", &self.k8s_client_certificate)
+            .field("k8s_client_key", &self.k8s_client_key)
+            .field("k8s_certificate_authority", &self.k8s_certificate_authority)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -441,6 +471,37 @@ impl WorkloadArgs {
     }
 }
 
+/// The host-side interface prefix of Kubernetes pods: the first item of
+/// FELIX_INTERFACEPREFIX, else `cali` (Calico's plugin reads the same variable, so the name it
+/// gives the veth is the one the Kubernetes datastore derives from the pod).
+pub fn interface_prefix(env: &Env) -> String {
+    env.get("FELIX_INTERFACEPREFIX")
+        .and_then(|v| {
+            v.split(',')
+                .map(str::trim)
+                .find(|p| !p.is_empty())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "cali".to_string())
+}
+
+/// Calico's `k8s_api_root`: the server part of the URL (older configs gave `…/api/v1/`).
+fn api_root(conf: &NetConf) -> &str {
+    let root = if conf.kubernetes.k8s_api_root.is_empty() {
+        conf.policy.k8s_api_root.as_str()
+    } else {
+        conf.kubernetes.k8s_api_root.as_str()
+    };
+    root.split("/api/").next().unwrap_or(root)
+}
+
+/// Whether the network configuration says how to reach the Kubernetes API for the plugin's
+/// own lookups (`kubernetes.kubeconfig`, or an API root). The Kubernetes datastore reaches it
+/// anyway.
+pub fn names_kubernetes_api(conf: &NetConf) -> bool {
+    !conf.kubernetes.kubeconfig.is_empty() || !api_root(conf).is_empty()
+}
+
 fn parse_ip_list(raw: &str, origin: &str) -> Result<Vec<IpAddr>, CniError> {
     let mut out: Vec<IpAddr> = Vec::new();
     for part in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -573,9 +634,18 @@ pub fn datastore_config(
         ("ETCD_KEY_FILE", conf.etcd_key_file.as_str()),
         ("ETCD_CERT_FILE", conf.etcd_cert_file.as_str()),
         ("ETCD_CA_CERT_FILE", conf.etcd_ca_cert_file.as_str()),
-        // Calico's plugin exports these for the Kubernetes datastore.
+        // Calico's plugin exports these for the Kubernetes datastore; its pod lookups add the
+        // policy block's credentials. margay makes one client of both (the lookups use the
+        // datastore's client in the Kubernetes datastore), so they all apply.
         ("KUBECONFIG", conf.kubernetes.kubeconfig.as_str()),
-        ("K8S_API_ENDPOINT", conf.kubernetes.k8s_api_root.as_str()),
+        ("K8S_API_ENDPOINT", api_root(conf)),
+        ("K8S_API_TOKEN", conf.policy.k8s_auth_token.as_str()),
+        ("K8S_CERT_FILE", conf.policy.k8s_client_certificate.as_str()),
+        ("K8S_KEY_FILE", conf.policy.k8s_client_key.as_str()),
+        (
+            "K8S_CA_FILE",
+            conf.policy.k8s_certificate_authority.as_str(),
+        ),
     ];
     let lookup = |k: &str| {
         from_conf
@@ -749,6 +819,61 @@ mod tests {
         let w = workload_args("", &conf).unwrap();
         assert_eq!(w.labels.get("app").map(String::as_str), Some("web"));
         assert_eq!(w.service_account, "sa1");
+    }
+
+    #[test]
+    fn the_kubernetes_api_settings_of_calicos_conflists() {
+        let conf: NetConf = serde_json::from_str(
+            r#"{"datastore_type": "kubernetes",
+                "kubernetes": {"kubeconfig": "/etc/cni/net.d/calico-kubeconfig"},
+                "policy": {"type": "k8s", "k8s_api_root": "https://10.96.0.1:443/api/v1/",
+                           "k8s_auth_token": "s3cret", "k8s_client_certificate": "/c.pem",
+                           "k8s_client_key": "/k.pem", "k8s_certificate_authority": "/ca.pem"}}"#,
+        )
+        .unwrap();
+        assert!(names_kubernetes_api(&conf));
+        assert!(
+            !format!("{conf:?}").contains("s3cret"),
+            "the token is not printed"
+        );
+        let ds = datastore_config(&conf, &Env::new()).unwrap();
+        assert_eq!(
+            ds.kube.kubeconfig,
+            vec![PathBuf::from("/etc/cni/net.d/calico-kubeconfig")]
+        );
+        assert_eq!(
+            ds.kube.api_endpoint.as_deref(),
+            Some("https://10.96.0.1:443"),
+            "the old /api/v1/ suffix is cut off, as Calico does"
+        );
+        assert_eq!(ds.kube.token.as_deref(), Some("s3cret"));
+        assert_eq!(ds.kube.cert_file, Some(PathBuf::from("/c.pem")));
+        assert_eq!(ds.kube.key_file, Some(PathBuf::from("/k.pem")));
+        assert_eq!(ds.kube.ca_file, Some(PathBuf::from("/ca.pem")));
+        // kubernetes.k8s_api_root wins over policy.k8s_api_root.
+        let conf: NetConf = serde_json::from_str(
+            r#"{"kubernetes": {"k8s_api_root": "https://a:6443"},
+                "policy": {"k8s_api_root": "https://b:6443"}}"#,
+        )
+        .unwrap();
+        assert!(names_kubernetes_api(&conf));
+        let ds = datastore_config(&conf, &Env::new()).unwrap();
+        assert_eq!(ds.kube.api_endpoint.as_deref(), Some("https://a:6443"));
+        // Nothing named: no lookups (the environment's KUBECONFIG alone does not count).
+        assert!(!names_kubernetes_api(&NetConf::default()));
+    }
+
+    #[test]
+    fn interface_prefix_is_felixs() {
+        assert_eq!(interface_prefix(&Env::new()), "cali");
+        assert_eq!(
+            interface_prefix(&env(&[("FELIX_INTERFACEPREFIX", " tap, cali")])),
+            "tap"
+        );
+        assert_eq!(
+            interface_prefix(&env(&[("FELIX_INTERFACEPREFIX", "")])),
+            "cali"
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! (netlink, sysctls, network namespaces) and datastore adapters that ADD, DEL, CHECK,
 //! STATUS and GC drive.
 //!
-//! `spec`, `config` and `workload` are pure; `netlink`, `netns` and `dataplane` touch the
+//! `spec`, `config`, `k8s` (the pod and its annotations) and `workload` are pure; `netlink`, `netns` and `dataplane` touch the
 //! kernel; `plugin` ties them to the datastore and IPAM (margay's own, or another IPAM plugin
 //! through `delegate`); `cli` is the binary edge.
 #![forbid(unsafe_code)]
@@ -13,6 +13,7 @@ pub mod config;
 pub mod dataplane;
 pub mod delegate;
 pub mod install;
+pub mod k8s;
 pub mod netlink;
 pub mod netns;
 pub mod plugin;

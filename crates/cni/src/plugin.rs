@@ -16,6 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use margay_api::{Kind, Resource, ResourceKey, WorkloadEndpoint};
+use margay_datastore::kube::KubeBackend;
+use margay_datastore::kube::api::ApiError;
+use margay_datastore::kube::route::{NAMESPACES, PODS};
 use margay_datastore::{AnyBackend, Client, DatastoreError, KvBackend};
 use margay_ipam::{AssignArgs, AssignedIp, HostLock, Ipam, IpamError};
 use serde_json::Value;
@@ -24,6 +27,7 @@ use crate::config::{
     self, CmdArgs, Command, DEFAULT_MTU, DEFAULT_NODENAME_FILE, Env, NetConf, WorkloadArgs,
 };
 use crate::dataplane::{self, DataplaneError};
+use crate::k8s::{self, AddressPlan};
 use crate::spec::{CniError, CniResult, Interface, IpConfig, Version, code, version_info};
 use crate::storm::Slot;
 use crate::workload::Identity;
@@ -41,6 +45,8 @@ pub enum PluginKind {
 const CALL_TIMEOUT: Duration = Duration::from_secs(90);
 /// How long to wait for the node name file (margay node writes it when it has started).
 const NODENAME_WAIT: Duration = Duration::from_secs(2);
+/// How long the pod lookup (pod and namespace) may take before ADD says "try again later".
+const POD_LOOKUP_TIMEOUT: Duration = Duration::from_secs(20);
 /// Test-only: `MARGAY_CNI_TEST_PAUSE=<stage>:<ms>` pauses ADD after a stage (`ipam`, `veth`),
 /// so tests can kill the plugin at a known point. Never set it in production.
 pub const ENV_TEST_PAUSE: &str = "MARGAY_CNI_TEST_PAUSE";
@@ -157,6 +163,97 @@ struct Store {
     client: Client<AnyBackend>,
     ipam: Ipam<AnyBackend>,
     describe: String,
+}
+
+impl Store {
+    /// The Kubernetes datastore's backend (its client also serves the pod lookups).
+    fn kube(&self) -> Option<&KubeBackend> {
+        match self.client.backend() {
+            AnyBackend::Kube(k) => Some(k),
+            _ => None,
+        }
+    }
+}
+
+/// What one ADD asks IPAM for, and where the pod's annotations said so (for errors).
+struct Request {
+    /// Specific addresses (assign_ip), else `v4`/`v6` from the pools (auto_assign).
+    ips: Vec<IpAddr>,
+    ips_origin: Option<String>,
+    v4: bool,
+    v6: bool,
+    v4_pools: Vec<String>,
+    v6_pools: Vec<String>,
+    /// The pools annotations (IPv4, IPv6) the pool lists came from.
+    pools_origin: [Option<k8s::Pools>; 2],
+}
+
+impl Request {
+    /// An IPAM error, naming the annotation that led to it when one did.
+    fn error(&self, e: IpamError) -> CniError {
+        let pools_origin = match &e {
+            IpamError::NoSuchPool { version, .. } => {
+                self.pools_origin[usize::from(*version == 6)].as_ref()
+            }
+            IpamError::PoolUnusable { pool, .. } => self
+                .pools_origin
+                .iter()
+                .flatten()
+                .find(|p| p.pools.contains(pool)),
+            _ => None,
+        };
+        if let Some(p) = pools_origin {
+            return CniError::new(code::POD, format!("{}: {e}", p.origin));
+        }
+        ipam_error(e)
+    }
+
+    /// An error of assigning one of `ips`.
+    fn ip_error(&self, e: IpamError) -> CniError {
+        let mut err = ipam_error(e);
+        if let Some(origin) = &self.ips_origin {
+            err.msg = format!("{origin}: {}", err.msg);
+        }
+        err
+    }
+}
+
+/// A Kubernetes pod read from the API for ADD, and what its annotations ask for.
+struct PodFacts {
+    pod: k8s::Pod,
+    plan: AddressPlan,
+}
+
+/// The pod lookup within [`POD_LOOKUP_TIMEOUT`] (a hung API server is "try again later").
+async fn bounded_lookup<T>(
+    ident: &Identity,
+    lookup: impl std::future::Future<Output = Result<T, CniError>>,
+) -> Result<T, CniError> {
+    match tokio::time::timeout(POD_LOOKUP_TIMEOUT, lookup).await {
+        Ok(r) => r,
+        Err(_) => Err(CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!(
+                "the Kubernetes API did not answer the lookup of pod {}/{} within {POD_LOOKUP_TIMEOUT:?}; try again later",
+                ident.namespace, ident.pod
+            ),
+        )),
+    }
+}
+
+/// A failed Kubernetes API request of the pod lookup, as a CNI error.
+fn api_error(what: &str, e: ApiError) -> CniError {
+    match e {
+        ApiError::Unavailable(m) | ApiError::Gone(m) => CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("{what}: the Kubernetes API did not answer ({m}); try again later"),
+        ),
+        ApiError::Denied(m) => CniError::new(
+            code::PLUGIN,
+            format!("{what}: {m} (the plugin needs get on pods and namespaces)"),
+        ),
+        other => CniError::new(code::PLUGIN, format!("{what}: {other}")),
+    }
 }
 
 fn ipam_error(e: IpamError) -> CniError {
@@ -373,33 +470,245 @@ impl Call {
         config::workload_args(&self.args.args, &self.conf)
     }
 
+    fn identity(&self, w: &WorkloadArgs, node: &str) -> Identity {
+        Identity::new(&self.args, w, node, &self.conf.name)
+            .with_interface_prefix(&config::interface_prefix(&self.env))
+    }
+
+    // ---- Kubernetes: the pod from the API ----------------------------------------------------
+
+    /// Whether this call reads its pod from the Kubernetes API: the main plugin, a Kubernetes
+    /// pod (K8S_POD_NAMESPACE/K8S_POD_NAME), and an API to ask — the Kubernetes datastore, or
+    /// one the network configuration names (`kubernetes.kubeconfig`, `k8s_api_root`), as in
+    /// Calico's conflists. Without one the call works as for any runtime (labels from
+    /// `args.cni`).
+    fn looks_up_pods(&self, ident: &Identity, store: &Store) -> bool {
+        self.kind == PluginKind::Main
+            && ident.is_k8s()
+            && (store.kube().is_some() || config::names_kubernetes_api(&self.conf))
+    }
+
+    /// The API client of the lookups: the Kubernetes datastore's own, else one made from the
+    /// network configuration (`kubernetes.kubeconfig`, the `policy` block's overrides).
+    async fn kube_client(&self, store: &Store) -> Result<KubeBackend, CniError> {
+        if let Some(k) = store.kube() {
+            return Ok(k.clone());
+        }
+        let settings = config::datastore_config(&self.conf, &self.env)?.kube;
+        if settings.cert_file.is_some() != settings.key_file.is_some() {
+            return Err(CniError::new(
+                code::INVALID_CONFIG,
+                "network configuration: policy.k8s_client_certificate and policy.k8s_client_key go together; set both or neither",
+            ));
+        }
+        KubeBackend::connect(&settings).await.map_err(|e| {
+            CniError::new(
+                code::INVALID_CONFIG,
+                "cannot set up the Kubernetes API client for the pod lookup (network config kubernetes.kubeconfig, policy.k8s_*)",
+            )
+            .with_details(e)
+        })
+    }
+
+    /// Reads the pod (and, when its annotations can matter, its namespace) and checks what
+    /// they ask for. None when this call does not look pods up.
+    async fn pod_facts(
+        &self,
+        store: &Store,
+        ident: &Identity,
+    ) -> Result<Option<PodFacts>, CniError> {
+        if !self.looks_up_pods(ident, store) {
+            return Ok(None);
+        }
+        let lookup = async {
+            let kube = self.kube_client(store).await?;
+            let pod = self.read_pod(&kube, ident).await?;
+            if pod.host_network {
+                return Ok(PodFacts {
+                    pod,
+                    plan: AddressPlan::default(),
+                });
+            }
+            let ns = if pod.needs_namespace(self.builtin_ipam()) {
+                match kube
+                    .api()
+                    .get(&NAMESPACES, None, &ident.namespace)
+                    .await
+                    .map_err(|e| api_error(&format!("reading namespace {}", ident.namespace), e))?
+                {
+                    Some(n) => k8s::annotations_of(&n).map_err(|e| {
+                        CniError::new(
+                            code::POD,
+                            format!("namespace {}: metadata.annotations: {e}", ident.namespace),
+                        )
+                    })?,
+                    None => Default::default(),
+                }
+            } else {
+                Default::default()
+            };
+            let plan = k8s::address_plan(&pod, &ns, &self.conf, self.builtin_ipam())?;
+            Ok(PodFacts { pod, plan })
+        };
+        bounded_lookup(ident, lookup).await.map(Some)
+    }
+
+    /// GET the pod; a pod that does not exist is "unknown container" (nothing to clean up).
+    async fn read_pod(&self, kube: &KubeBackend, ident: &Identity) -> Result<k8s::Pod, CniError> {
+        let label = format!("{}/{}", ident.namespace, ident.pod);
+        let obj = kube
+            .api()
+            .get(&PODS, Some(&ident.namespace), &ident.pod)
+            .await
+            .map_err(|e| api_error(&format!("reading pod {label}"), e))?
+            .ok_or_else(|| {
+                CniError::new(
+                    code::UNKNOWN_CONTAINER,
+                    format!(
+                        "pod {label} does not exist in the Kubernetes API (deleted, or K8S_POD_NAMESPACE/K8S_POD_NAME name another cluster's pod); nothing was set up"
+                    ),
+                )
+            })?;
+        k8s::Pod::from_api(&obj, &ident.interface_prefix)
+    }
+
+    /// In the Kubernetes datastore the endpoint *is* the pod: its name and interface are
+    /// derived from it (`<spec.nodeName>-k8s-<pod>-eth0`, prefix + hash), and Felix sees only
+    /// that. The plugin's own names must be those, or its write would land on no endpoint
+    /// Felix knows (and DEL would miss it).
+    fn check_kdd_names(&self, ident: &Identity, pod: &k8s::Pod) -> Result<(), CniError> {
+        if pod.node_name != ident.node {
+            return Err(CniError::new(
+                code::NODENAME,
+                format!(
+                    "pod {} is scheduled on node {:?} (spec.nodeName) but this plugin's node name is {:?}: in the Kubernetes datastore they must be the same; set nodename (or the node name file) to the Kubernetes node's name",
+                    pod.label(),
+                    pod.node_name,
+                    ident.node
+                ),
+            ));
+        }
+        if ident.endpoint != margay_kdd::pod::ENDPOINT_ETH0 {
+            return Err(CniError::new(
+                code::INVALID_ENV,
+                format!(
+                    "CNI_IFNAME is {:?}: in the Kubernetes datastore a pod's endpoint is its {} interface (the WorkloadEndpoint is derived from the pod), so margay wires only that one",
+                    ident.endpoint,
+                    margay_kdd::pod::ENDPOINT_ETH0
+                ),
+            ));
+        }
+        if let Some(derived) = &pod.endpoint {
+            let name = ident.endpoint_name()?;
+            if derived.metadata.name != name
+                || derived.spec.interface_name != ident.host_veth_name()
+            {
+                return Err(CniError::new(
+                    code::PLUGIN,
+                    format!(
+                        "the endpoint of pod {} would be {name} on {}, but the Kubernetes datastore derives {} on {}",
+                        pod.label(),
+                        ident.host_veth_name(),
+                        derived.metadata.name,
+                        derived.spec.interface_name
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `ipAddrs` on a pod whose endpoint still names another (old) sandbox's addresses: they
+    /// are released first, as Calico does, so the pod can have them again.
+    async fn release_previous_sandbox(
+        &self,
+        store: &Store,
+        ident: &Identity,
+    ) -> Result<(), CniError> {
+        let key = self.endpoint_key(ident)?;
+        let wep = match store.client.get(&key).await {
+            Ok(Resource::WorkloadEndpoint(w)) => w,
+            Ok(_) | Err(DatastoreError::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(datastore_error("reading the pod's WorkloadEndpoint", e)),
+        };
+        if wep.spec.container_id == self.args.container_id {
+            return Ok(()); // this container's own: its handle keeps them
+        }
+        let old: Vec<margay_ipam::ReleaseIp> = wep
+            .spec
+            .ip_networks
+            .iter()
+            .filter_map(|n| crate::spec::parse_cidr(n).map(|(ip, _)| ip))
+            .map(|ip| margay_ipam::ReleaseIp {
+                ip,
+                sequence_number: None,
+            })
+            .collect();
+        if old.is_empty() {
+            return Ok(());
+        }
+        let released = store.ipam.release_ips(&old).await.map_err(ipam_error)?;
+        tracing::info!(previous = %wep.spec.container_id, ?released, "ipAddrs: released the addresses of the pod's previous sandbox");
+        Ok(())
+    }
+
     // ---- ADD --------------------------------------------------------------------------------
 
     async fn add(&self) -> Result<CniResult, CniError> {
-        if self.conf.feature_control.floating_ips || self.conf.feature_control.ip_addrs_no_ipam {
-            tracing::warn!(
-                "feature_control floating_ips / ip_addrs_no_ipam are not supported by margay; ignoring them"
-            );
-        }
         let started = std::time::Instant::now();
         if !self.builtin_ipam() {
             crate::delegate::find(&self.conf.ipam.ipam_type, &self.args.path)?;
         }
         let w = self.workload()?;
         let node = self.nodename().await?;
-        let ident = Identity::new(&self.args, &w, &node, &self.conf.name);
+        let ident = self.identity(&w, &node);
         let _slot = Slot::acquire(&config::lock_path(&self.conf, &self.env), &self.env).await;
         tracing::debug!(elapsed = ?started.elapsed(), "node name known, slot held");
         let store = self.connect().await?;
         tracing::info!(container = %self.args.container_id, handle = %ident.handle(), datastore = %store.describe, "ADD");
         tracing::debug!(elapsed = ?started.elapsed(), "datastore open");
+        // The pod first: whatever it says is checked before anything is written.
+        let facts = self.pod_facts(&store, &ident).await?;
+        if let Some(f) = &facts {
+            tracing::debug!(elapsed = ?started.elapsed(), pod = %f.pod.label(), "pod read");
+            if f.pod.host_network {
+                // The pod shares the host's network namespace: nothing of its own to wire,
+                // no address to assign (runtimes do not call CNI plugins for such pods).
+                tracing::info!(pod = %f.pod.label(), "the pod uses the host's network (spec.hostNetwork); nothing to wire");
+                return Ok(CniResult::default());
+            }
+            if store.kube().is_some() {
+                self.check_kdd_names(&ident, &f.pod)?;
+            }
+        } else if self.conf.feature_control.floating_ips
+            || self.conf.feature_control.ip_addrs_no_ipam
+        {
+            tracing::info!(
+                "feature_control floating_ips / ip_addrs_no_ipam act on Kubernetes pods' annotations, which this call does not read"
+            );
+        }
+        let plan = facts.as_ref().map(|f| f.plan.clone()).unwrap_or_default();
         if self.kind == PluginKind::Main {
             // First, so that a failure leaves nothing behind.
             self.ensure_network_profile(&store, &ident).await?;
         }
 
-        let assigned = if self.builtin_ipam() {
-            self.addresses(&store, &ident, &w).await?.0
+        let assigned = if !plan.no_ipam.is_empty() {
+            // ipAddrsNoIpam: the addresses as given; IPAM holds nothing for them.
+            tracing::info!(ips = ?plan.no_ipam, "ipAddrsNoIpam: using the pod's addresses without IPAM");
+            plan.no_ipam
+                .iter()
+                .map(|ip| AssignedIp {
+                    ip: *ip,
+                    block: margay_api::net::Cidr::host(*ip),
+                })
+                .collect()
+        } else if self.builtin_ipam() {
+            if !plan.ips.is_empty() {
+                self.release_previous_sandbox(&store, &ident).await?;
+            }
+            let req = self.request(&w, &plan, facts.as_ref().map(|f| f.pod.label()));
+            self.addresses(&store, &ident, &req).await?.0
         } else {
             let answer = self.delegate("ADD").await?.ok_or_else(|| {
                 CniError::new(
@@ -461,12 +770,51 @@ impl Call {
         }
         tracing::debug!(elapsed = ?started.elapsed(), "addresses ready");
         let ips: Vec<IpAddr> = assigned.iter().map(|a| a.ip).collect();
-        match self.add_networking(&store, &ident, &w, &ips, started).await {
+        let done = async {
+            let pod = facts.as_ref().map(|f| &f.pod);
+            let nats = match pod {
+                Some(p) => k8s::ip_nats(p, &plan.floating_ips, &ips)?,
+                None => Vec::new(),
+            };
+            self.add_networking(&store, &ident, &w, pod, &nats, &ips, started)
+                .await
+        };
+        match done.await {
             Ok(r) => Ok(r),
             Err(e) => {
                 self.roll_back(&store, &ident).await;
                 Err(e)
             }
+        }
+    }
+
+    /// What to ask IPAM for: the configuration, overridden by the pod's annotations
+    /// (`ipAddrs` over `IP=`/`args.cni.ips`, `ipFamilies` over assign_ipv4/6, the pools).
+    fn request(&self, w: &WorkloadArgs, plan: &AddressPlan, pod: Option<String>) -> Request {
+        if !plan.ips.is_empty() && !w.ips.is_empty() {
+            tracing::warn!(annotation = ?plan.ips, args = ?w.ips, "the pod's ipAddrs annotation wins over the addresses in CNI_ARGS/args/runtimeConfig");
+        }
+        let pools = |p: &Option<k8s::Pools>, conf: &Vec<String>| {
+            p.as_ref().map_or_else(|| conf.clone(), |p| p.pools.clone())
+        };
+        Request {
+            ips: if plan.ips.is_empty() {
+                w.ips.clone()
+            } else {
+                plan.ips.clone()
+            },
+            ips_origin: (!plan.ips.is_empty()).then(|| {
+                format!(
+                    "pod {}'s annotation {}",
+                    pod.unwrap_or_default(),
+                    k8s::ANNOTATION_IP_ADDRS
+                )
+            }),
+            v4: plan.families.map_or(self.conf.ipam.v4(), |f| f.v4),
+            v6: plan.families.map_or(self.conf.ipam.v6(), |f| f.v6),
+            v4_pools: pools(&plan.v4_pools, &self.conf.ipam.ipv4_pools),
+            v6_pools: pools(&plan.v6_pools, &self.conf.ipam.ipv6_pools),
+            pools_origin: [plan.v4_pools.clone(), plan.v6_pools.clone()],
         }
     }
 
@@ -515,7 +863,7 @@ impl Call {
         &self,
         store: &Store,
         ident: &Identity,
-        w: &WorkloadArgs,
+        req: &Request,
     ) -> Result<(Vec<AssignedIp>, Vec<AssignedIp>), CniError> {
         let handle = ident.handle();
         let held = store
@@ -526,8 +874,8 @@ impl Call {
         let attrs = ident.ipam_attrs(&margay_datastore::util::now_rfc3339());
         let mut fresh = Vec::new();
         let mut out: Vec<AssignedIp> = Vec::new();
-        if !w.ips.is_empty() {
-            for ip in &w.ips {
+        if !req.ips.is_empty() {
+            for ip in &req.ips {
                 if let Some(h) = held.iter().find(|h| h.ip == *ip) {
                     out.push(*h);
                     continue;
@@ -543,23 +891,27 @@ impl Call {
                     }
                     Err(e) => {
                         self.release_fresh(store, &fresh).await;
-                        return Err(ipam_error(e));
+                        return Err(req.ip_error(e));
                     }
                 }
             }
             return Ok((out, fresh));
         }
-        let (want4, want6) = (self.conf.ipam.v4(), self.conf.ipam.v6());
+        let (want4, want6) = (req.v4, req.v6);
         let have4 = held.iter().find(|a| a.ip.is_ipv4()).copied();
         let have6 = held.iter().find(|a| a.ip.is_ipv6()).copied();
         let mut args = AssignArgs::new(handle.clone(), node_of(ident));
         args.num_v4 = usize::from(want4 && have4.is_none());
         args.num_v6 = usize::from(want6 && have6.is_none());
         args.attrs = attrs;
-        args.v4_pools = self.conf.ipam.ipv4_pools.clone();
-        args.v6_pools = self.conf.ipam.ipv6_pools.clone();
+        args.v4_pools = req.v4_pools.clone();
+        args.v6_pools = req.v6_pools.clone();
         if args.num_v4 + args.num_v6 > 0 {
-            let got = store.ipam.auto_assign(&args).await.map_err(ipam_error)?;
+            let got = store
+                .ipam
+                .auto_assign(&args)
+                .await
+                .map_err(|e| req.error(e))?;
             fresh.extend(got.all().copied());
         }
         if want4 {
@@ -592,11 +944,14 @@ impl Call {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn add_networking(
         &self,
         store: &Store,
         ident: &Identity,
         w: &WorkloadArgs,
+        pod: Option<&k8s::Pod>,
+        nats: &[margay_api::endpoint::IpNat],
         ips: &[IpAddr],
         started: std::time::Instant,
     ) -> Result<CniResult, CniError> {
@@ -627,7 +982,21 @@ impl Call {
         };
         tracing::debug!(elapsed = ?started.elapsed(), "interfaces ready");
         test_pause(&self.env, "veth");
-        let wep = ident.endpoint(w, &host_veth, &set_up.container_mac, ips)?;
+        let mut wep = ident.endpoint(
+            w,
+            pod.and_then(|p| p.endpoint.as_ref()),
+            &host_veth,
+            &set_up.container_mac,
+            ips,
+        )?;
+        wep.spec.ip_nats = nats.to_vec();
+        if let Some(p) = pod
+            && store.kube().is_some()
+        {
+            // The write is a patch of this pod: its uid makes it a precondition, so a pod
+            // re-created under the same name meanwhile is not patched.
+            wep.metadata.uid = p.uid.clone();
+        }
         let status_file = margay_api::endpoint::endpoint_status_file_name(
             &wep.spec.orchestrator,
             &wep.spec
@@ -746,7 +1115,7 @@ impl Call {
     async fn del(&self) -> Result<(), CniError> {
         let w = self.workload()?;
         let node = self.nodename().await?;
-        let ident = Identity::new(&self.args, &w, &node, &self.conf.name);
+        let ident = self.identity(&w, &node);
         let _slot = Slot::acquire(&config::lock_path(&self.conf, &self.env), &self.env).await;
         let mut errors: Vec<CniError> = Vec::new();
         let store = match self.connect().await {
@@ -874,8 +1243,19 @@ impl Call {
             .map_err(|e| CniError::new(code::INVALID_CONFIG, format!("prevResult: {e}")))?;
         let w = self.workload()?;
         let node = self.nodename().await?;
-        let ident = Identity::new(&self.args, &w, &node, &self.conf.name);
+        let ident = self.identity(&w, &node);
         let store = self.connect().await?;
+        if prev.ips.is_empty() && prev.interfaces.is_empty() && self.looks_up_pods(&ident, &store) {
+            // The empty result ADD gives a host-network pod: nothing to check.
+            let pod = bounded_lookup(&ident, async {
+                let kube = self.kube_client(&store).await?;
+                self.read_pod(&kube, &ident).await
+            })
+            .await?;
+            if pod.host_network {
+                return Ok(());
+            }
+        }
         let mut problems = Vec::new();
         let expected: BTreeSet<IpAddr> = prev.ips.iter().map(|i| i.ip).collect();
         if expected.is_empty() {

@@ -41,8 +41,13 @@ pub mod code {
     pub const DATAPLANE: u32 = 104;
     /// CHECK found the container's networking different from what ADD set up.
     pub const CHECK_FAILED: u32 = 105;
-    /// The node name is unknown (margay node has not started).
+    /// The node name is unknown (margay node has not started), or disagrees with the node the
+    /// Kubernetes pod is scheduled on.
     pub const NODENAME: u32 = 106;
+    /// The Kubernetes pod cannot be wired as it is: one of Calico's `cni.projectcalico.org/*`
+    /// annotations (on the pod or its namespace) is invalid or asks for a feature the network
+    /// configuration does not enable.
+    pub const POD: u32 = 107;
 }
 
 /// A CNI version `major.minor.patch`.

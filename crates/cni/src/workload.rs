@@ -8,7 +8,6 @@ use std::net::IpAddr;
 use margay_api::endpoint::WorkloadEndpointSpec;
 use margay_api::policy::{Action, ProfileSpec, Rule};
 use margay_api::{ObjectMeta, Profile, WorkloadEndpoint};
-use sha1::{Digest, Sha1};
 
 use crate::config::{CmdArgs, WorkloadArgs};
 use crate::spec::{CniError, code};
@@ -42,6 +41,8 @@ pub struct Identity {
     pub endpoint: String,
     /// The network's name (the config's `name`).
     pub network: String,
+    /// The host-side interface prefix of Kubernetes pods (FELIX_INTERFACEPREFIX's first item).
+    pub interface_prefix: String,
 }
 
 impl Identity {
@@ -63,20 +64,32 @@ impl Identity {
             node: node.to_string(),
             endpoint: args.ifname.clone(),
             network: network.to_string(),
+            interface_prefix: "cali".to_string(),
         }
+    }
+
+    /// With the host-side interface prefix the Kubernetes datastore and Felix use.
+    pub fn with_interface_prefix(mut self, prefix: &str) -> Identity {
+        if !prefix.is_empty() {
+            self.interface_prefix = prefix.to_string();
+        }
+        self
     }
 
     pub fn is_k8s(&self) -> bool {
         self.orchestrator == "k8s"
     }
 
-    /// The host-side interface: `cali` + the first 11 hex digits of SHA-1("<ns>.<pod>") for
-    /// Kubernetes pods, else `cali` + the first 11 characters of the container ID.
+    /// The host-side interface: the interface prefix (`cali`) + the first 11 hex digits of
+    /// SHA-1("<ns>.<pod>") for Kubernetes pods (the name the Kubernetes datastore derives from
+    /// the pod), else `cali` + the first 11 characters of the container ID.
     pub fn host_veth_name(&self) -> String {
         if self.is_k8s() {
-            let digest = Sha1::digest(format!("{}.{}", self.namespace, self.pod).as_bytes());
-            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-            format!("cali{}", &hex[..11])
+            margay_kdd::names::k8s_interface_name(
+                &self.interface_prefix,
+                &self.namespace,
+                &self.pod,
+            )
         } else {
             let id: String = self.container_id.chars().take(11).collect();
             format!("cali{id}")
@@ -140,10 +153,14 @@ impl Identity {
             })
     }
 
-    /// The WorkloadEndpoint for this interface.
+    /// The WorkloadEndpoint for this interface. `from_pod` is the endpoint the Kubernetes
+    /// datastore derives from the pod (when the plugin read it from the API): its labels,
+    /// profiles, ports, service account, generateName and allowed source prefixes are
+    /// Calico's, as its plugin takes them; without it they come from `w` (`args.cni`).
     pub fn endpoint(
         &self,
         w: &WorkloadArgs,
+        from_pod: Option<&WorkloadEndpoint>,
         host_veth: &str,
         container_mac: &str,
         ips: &[IpAddr],
@@ -163,6 +180,16 @@ impl Identity {
             profiles.push(self.network.clone());
         }
         let mut spec = self.spec_skeleton();
+        let mut generate_name = String::new();
+        let mut service_account = w.service_account.clone();
+        if let Some(p) = from_pod {
+            labels = p.metadata.labels.clone();
+            profiles = p.spec.profiles.clone();
+            spec.ports = p.spec.ports.clone();
+            spec.allow_spoofed_source_prefixes = p.spec.allow_spoofed_source_prefixes.clone();
+            service_account = p.spec.service_account_name.clone();
+            generate_name = p.metadata.generate_name.clone();
+        }
         spec.interface_name = host_veth.to_string();
         spec.mac = container_mac.to_string();
         spec.ip_networks = ips
@@ -173,11 +200,12 @@ impl Identity {
             })
             .collect();
         spec.profiles = profiles;
-        spec.service_account_name = w.service_account.clone();
+        spec.service_account_name = service_account;
         let meta = ObjectMeta {
             name,
             namespace: self.namespace.clone(),
             labels,
+            generate_name,
             ..ObjectMeta::default()
         };
         Ok(WorkloadEndpoint::new(meta, spec))
@@ -214,6 +242,7 @@ pub fn network_profile(network: &str, k8s: bool) -> Profile {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use sha1::{Digest, Sha1};
 
     fn ident(k8s: bool) -> Identity {
         let args = CmdArgs {
@@ -253,6 +282,73 @@ mod tests {
     }
 
     #[test]
+    fn the_interface_prefix_is_felixs_and_names_match_the_datastores() {
+        let k = ident(true).with_interface_prefix("tap");
+        assert_eq!(
+            k.host_veth_name(),
+            margay_kdd::names::k8s_interface_name("tap", "default", "web-0")
+        );
+        assert!(k.host_veth_name().starts_with("tap"));
+        // Non-Kubernetes workloads keep Calico's cali + container ID.
+        assert_eq!(
+            ident(false).with_interface_prefix("tap").host_veth_name(),
+            "cali0123456789a"
+        );
+        // The endpoint name is the one the Kubernetes datastore derives from the pod.
+        let derived =
+            margay_kdd::names::workload_endpoint_name("node-1", "k8s", "web-0", "eth0").unwrap();
+        assert_eq!(ident(true).endpoint_name().unwrap(), derived);
+    }
+
+    #[test]
+    fn endpoints_from_the_pod_take_its_labels_ports_and_service_account() {
+        let k = ident(true);
+        let pod = serde_json::json!({
+            "metadata": {"name": "web-0", "namespace": "default", "generateName": "web-",
+                         "labels": {"app": "web"},
+                         "annotations": {"cni.projectcalico.org/allowedSourcePrefixes": "[\"10.9.0.0/16\"]"}},
+            "spec": {"nodeName": "node-1", "serviceAccountName": "sa9",
+                     "containers": [{"ports": [{"name": "http", "containerPort": 80}]}]}
+        });
+        let Some(margay_api::Resource::WorkloadEndpoint(derived)) =
+            margay_kdd::pod::pod_to_workload_endpoint(&pod, "cali").unwrap()
+        else {
+            panic!("no endpoint")
+        };
+        // args.cni says otherwise: the pod wins.
+        let w = WorkloadArgs {
+            pod_name: "web-0".into(),
+            pod_namespace: "default".into(),
+            service_account: "other".into(),
+            labels: BTreeMap::from([("app".to_string(), "not-web".to_string())]),
+            ..WorkloadArgs::default()
+        };
+        let ips: Vec<IpAddr> = vec!["10.0.0.5".parse().unwrap()];
+        let wep = k
+            .endpoint(
+                &w,
+                Some(&derived),
+                &k.host_veth_name(),
+                "aa:bb:cc:dd:ee:ff",
+                &ips,
+            )
+            .unwrap();
+        assert_eq!(wep.metadata.labels["app"], "web");
+        assert_eq!(wep.metadata.labels[LABEL_SERVICE_ACCOUNT], "sa9");
+        assert_eq!(wep.metadata.generate_name, "web-");
+        assert_eq!(wep.spec.service_account_name, "sa9");
+        assert_eq!(wep.spec.profiles, vec!["kns.default", "ksa.default.sa9"]);
+        assert_eq!(wep.spec.ports.len(), 1);
+        assert_eq!(wep.spec.allow_spoofed_source_prefixes, vec!["10.9.0.0/16"]);
+        assert_eq!(wep.spec.ip_networks, vec!["10.0.0.5/32"]);
+        assert_eq!(wep.metadata.name, derived.metadata.name);
+        assert_eq!(wep.spec.interface_name, derived.spec.interface_name);
+        margay_api::Resource::WorkloadEndpoint(wep)
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
     fn handles_and_names() {
         let k = ident(true);
         assert_eq!(k.handle(), "k8s-pod-network.0123456789abcdef");
@@ -278,7 +374,7 @@ mod tests {
         };
         let ips: Vec<IpAddr> = vec!["10.0.0.5".parse().unwrap(), "fd00::5".parse().unwrap()];
         let wep = k
-            .endpoint(&w, &k.host_veth_name(), "aa:bb:cc:dd:ee:ff", &ips)
+            .endpoint(&w, None, &k.host_veth_name(), "aa:bb:cc:dd:ee:ff", &ips)
             .unwrap();
         assert_eq!(wep.metadata.namespace, "default");
         assert_eq!(wep.metadata.labels[LABEL_ORCHESTRATOR], "k8s");
