@@ -1,7 +1,10 @@
 //! Reading and writing resources as YAML (multi-document) and JSON, including list kinds.
 
 use serde::Serialize;
+use serde::de::DeserializeSeed;
 use serde_json::Value;
+
+use crate::bounded::{self, BoundedValue, Exceeded};
 
 use crate::k8s;
 use crate::resource::{API_GROUP, API_VERSION, Kind, Resource};
@@ -199,7 +202,7 @@ fn parse_stream(input: &str) -> Result<Vec<Value>, SyntaxError> {
         let mut values = Vec::new();
         for v in serde_json::Deserializer::from_str(input).into_iter::<Value>() {
             let v = v.map_err(|e| SyntaxError {
-                message: format!("invalid JSON: {e}"),
+                message: format!("invalid JSON: {}", clip(&e.to_string())),
             })?;
             // A top-level JSON array is a list of resources.
             match v {
@@ -209,15 +212,84 @@ fn parse_stream(input: &str) -> Result<Vec<Value>, SyntaxError> {
         }
         return Ok(values);
     }
+    let text = match bounded::precheck_yaml(input) {
+        Ok(scanned) => return parse_yaml(input, Some(scanned)),
+        Err(Exceeded::Syntax { message, at }) => {
+            // The scan stopped at a syntax error; libyaml's message for it is the familiar
+            // one. Only the checked part (and a little beyond, to reach the offending token)
+            // is handed over, so nothing unchecked reaches libyaml.
+            let end = syntax_context_end(input, at);
+            match parse_yaml(&input[..end], None) {
+                Err(e) => return Err(e),
+                Ok(_) => clip(&message),
+            }
+        }
+        Err(other) => other.message(),
+    };
+    Err(SyntaxError {
+        message: format!("invalid YAML: {text}"),
+    })
+}
+
+/// Builds the documents of a YAML stream, each charged to one budget for the input.
+fn parse_yaml(input: &str, scanned: Option<bounded::Scanned>) -> Result<Vec<Value>, SyntaxError> {
+    let scanned = scanned.unwrap_or(bounded::Scanned { nodes: input.len() });
+    let mut budget = bounded::Budget::for_input(input.len(), scanned);
     let mut values = Vec::new();
     for doc in serde_norway::Deserializer::from_str(input) {
-        let v = <Value as serde::Deserialize>::deserialize(doc).map_err(|e| SyntaxError {
-            message: format!("invalid YAML: {e}"),
-        })?;
+        let v = BoundedValue(&mut budget)
+            .deserialize(doc)
+            .map_err(|e| SyntaxError {
+                message: if budget.exceeded {
+                    format!("invalid YAML: {}", Exceeded::Aliases.message())
+                } else {
+                    format!("invalid YAML: {}", clip(&e.to_string()))
+                },
+            })?;
         values.push(v);
     }
     Ok(values)
 }
+
+/// A little past `at` (to the end of the next line, at most 4 KiB), on a char boundary.
+fn syntax_context_end(input: &str, at: usize) -> usize {
+    let mut end = at.min(input.len());
+    let limit = end.saturating_add(4096).min(input.len());
+    let mut newlines = 0;
+    for (i, c) in input[end..limit].char_indices() {
+        if c == '\n' {
+            newlines += 1;
+            if newlines == 2 {
+                return end + i + 1;
+            }
+        }
+    }
+    end = limit;
+    while !input.is_char_boundary(end) {
+        end -= 1;
+    }
+    end
+}
+
+/// At most [`MAX_QUOTED`] bytes of a message that may quote its input, marked where cut.
+pub fn clip(message: &str) -> String {
+    clip_to(message, MAX_QUOTED)
+}
+
+/// At most `max` bytes of `message` (cut on a character boundary), marked where cut.
+pub fn clip_to(message: &str, max: usize) -> String {
+    if message.len() <= max {
+        return message.to_string();
+    }
+    let mut end = max;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} more bytes)", &message[..end], message.len() - end)
+}
+
+/// How much of an error message (which may quote the input) is kept.
+pub const MAX_QUOTED: usize = 300;
 
 fn decode_document(value: Value, document: usize, out: &mut Vec<Decoded>) {
     let position = DocPosition {

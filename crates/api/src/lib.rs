@@ -9,6 +9,7 @@
 #![allow(clippy::upper_case_acronyms)]
 
 pub mod bgp;
+mod bounded;
 pub mod codec;
 pub mod duration;
 pub mod endpoint;

@@ -58,12 +58,13 @@ pub(crate) fn load(
     let mut texts = Vec::new();
     for file in sources.files {
         if file.as_os_str() == "-" {
-            let mut s = String::new();
-            if let Err(e) = stdin.read_to_string(&mut s) {
-                writeln!(err, "error: cannot read standard input: {e}")?;
-                return Ok(None);
+            match read_bounded(stdin) {
+                Ok(s) => texts.push(("<stdin>".to_string(), s)),
+                Err(e) => {
+                    writeln!(err, "error: cannot read standard input: {e}")?;
+                    return Ok(None);
+                }
             }
-            texts.push(("<stdin>".to_string(), s));
             continue;
         }
         let paths = match expand(file, sources.recursive) {
@@ -83,7 +84,7 @@ pub(crate) fn load(
             loaded.invalid_kinds.push(None);
         }
         for path in paths {
-            match std::fs::read_to_string(&path) {
+            match read_file(&path) {
                 Ok(s) => texts.push((path.display().to_string(), s)),
                 Err(e) => {
                     writeln!(err, "error: cannot read {}: {e}", path.display())?;
@@ -98,6 +99,55 @@ pub(crate) fn load(
     Ok(Some(loaded))
 }
 
+/// The largest input file (or standard input) read: far more than any set of resources (a
+/// stored value may hold 1.5 MiB), small enough that decoding it stays within a few hundred MB.
+pub(crate) const MAX_INPUT_BYTES: u64 = 16 << 20;
+
+/// Reads all of `r` as UTF-8, refusing more than [`MAX_INPUT_BYTES`] without reading further.
+pub(crate) fn read_bounded(r: &mut dyn Read) -> Result<String, String> {
+    let mut buf = Vec::new();
+    r.take(MAX_INPUT_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| e.to_string())?;
+    if buf.len() as u64 > MAX_INPUT_BYTES {
+        return Err(too_large());
+    }
+    String::from_utf8(buf).map_err(|e| {
+        format!(
+            "it is not UTF-8 (invalid byte at offset {}); save it as UTF-8",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+fn too_large() -> String {
+    format!(
+        "it is larger than {} MiB; split it into several files",
+        MAX_INPUT_BYTES >> 20
+    )
+}
+
+/// Opens and reads one file with [`read_bounded`]; the size is checked before reading.
+pub(crate) fn read_file(path: &Path) -> Result<String, String> {
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    // A regular file says its size; anything else (a pipe, a device) is read up to the limit.
+    if f.metadata()
+        .is_ok_and(|m| m.is_file() && m.len() > MAX_INPUT_BYTES)
+    {
+        return Err(too_large());
+    }
+    read_bounded(&mut f)
+}
+
+/// One line of a report, cut to a few hundred characters: documents are operator input and a
+/// message may quote any of it.
+pub(crate) fn clip_line(line: &str) -> String {
+    margay_api::codec::clip_to(line, MAX_LINE)
+}
+
+/// The longest report line (file name, document, kind/name and the problem).
+const MAX_LINE: usize = 600;
+
 fn check_text(
     label: &str,
     text: &str,
@@ -108,7 +158,7 @@ fn check_text(
     let decoded = match decode_documents(text) {
         Ok(d) => d,
         Err(e) => {
-            writeln!(err, "{label}: {e}")?;
+            writeln!(err, "{}", clip_line(&format!("{label}: {e}")))?;
             loaded.invalid += 1;
             loaded.invalid_kinds.push(None);
             return Ok(());
@@ -128,7 +178,7 @@ fn check_text(
         match d.result {
             Err(e) => {
                 for m in e.messages() {
-                    writeln!(err, "{prefix}: {m}")?;
+                    writeln!(err, "{}", clip_line(&format!("{prefix}: {m}")))?;
                 }
                 loaded.invalid += 1;
                 loaded.invalid_kinds.push(kind);
@@ -137,7 +187,7 @@ fn check_text(
                 Ok(()) => loaded.items.push(Item { resource }),
                 Err(errors) => {
                     for e in errors.iter() {
-                        writeln!(err, "{prefix}: {e}")?;
+                        writeln!(err, "{}", clip_line(&format!("{prefix}: {e}")))?;
                     }
                     loaded.invalid += 1;
                     loaded.invalid_kinds.push(kind);
@@ -149,29 +199,70 @@ fn check_text(
 }
 
 /// A file is itself; a directory is its .yaml, .yml and .json files in name order (and those
-/// of its subdirectories with `recursive`), as calicoctl reads `-f DIR`.
+/// of its subdirectories with `recursive`), as calicoctl reads `-f DIR`. Symbolic links are
+/// followed, but no directory is entered and no file is listed twice (a link back up the tree
+/// would otherwise repeat it until the path is too long), and at most [`MAX_WALK_DEPTH`]
+/// directories deep.
 fn expand(path: &Path, recursive: bool) -> std::io::Result<Vec<PathBuf>> {
     let meta = std::fs::metadata(path)?;
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()?;
-    entries.sort();
-    let mut out = Vec::new();
-    for entry in entries {
-        if entry.is_dir() {
-            if recursive {
-                out.extend(expand(&entry, true)?);
-            }
-        } else if entry
-            .extension()
-            .and_then(|e| e.to_str())
-            .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"))
-        {
-            out.push(entry);
+    let mut walk = Walk::default();
+    walk.dir(path, &meta, recursive, 0)?;
+    Ok(walk.out)
+}
+
+/// How many directories deep `-R` goes.
+const MAX_WALK_DEPTH: usize = 64;
+
+#[derive(Default)]
+struct Walk {
+    /// (device, inode) of every directory entered and file listed.
+    seen: std::collections::HashSet<(u64, u64)>,
+    out: Vec<PathBuf>,
+}
+
+impl Walk {
+    fn dir(
+        &mut self,
+        path: &Path,
+        meta: &std::fs::Metadata,
+        recursive: bool,
+        depth: usize,
+    ) -> std::io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        if depth > MAX_WALK_DEPTH || !self.seen.insert((meta.dev(), meta.ino())) {
+            return Ok(());
         }
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(path)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<std::io::Result<_>>()?;
+        entries.sort();
+        for entry in entries {
+            let wanted = entry
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
+            match std::fs::metadata(&entry) {
+                Ok(meta) if meta.is_dir() => {
+                    if recursive {
+                        self.dir(&entry, &meta, true, depth + 1)?;
+                    }
+                }
+                Ok(meta) => {
+                    if wanted && self.seen.insert((meta.dev(), meta.ino())) {
+                        self.out.push(entry);
+                    }
+                }
+                // A dangling link: listed, so reading it reports what is wrong.
+                Err(_) => {
+                    if wanted {
+                        self.out.push(entry);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
-    Ok(out)
 }

@@ -343,6 +343,39 @@ fn directories_are_read_recursively_only_with_r() {
 }
 
 #[test]
+fn a_symlink_loop_under_r_reads_each_file_once() {
+    let ctl = Ctl::new();
+    ctl.file("dir/a.yaml", &pool("pool-a", "10.1.0.0/16"));
+    ctl.file("dir/sub/b.yaml", &pool("pool-b", "10.2.0.0/16"));
+    let dir = ctl.dir.path().join("dir");
+    // Links back up the tree, and a second name for the same file.
+    std::os::unix::fs::symlink("..", dir.join("sub/up")).unwrap();
+    std::os::unix::fs::symlink(".", dir.join("self")).unwrap();
+    std::os::unix::fs::symlink("a.yaml", dir.join("again.yaml")).unwrap();
+    let o = ctl.run(&["apply", "-f", &dir.display().to_string(), "-R"]);
+    // Before: the loop was followed until the path was too long, applying a.yaml 41 times.
+    assert_eq!(o.code, EXIT_OK, "{o:?}");
+    assert_eq!(
+        o.out, "Successfully applied 2 'IPPool' resource(s)\n",
+        "{o:?}"
+    );
+    assert_eq!(ctl.count(Kind::IPPool), 2);
+}
+
+#[test]
+fn validate_counts_a_file_with_a_syntax_error_as_one_invalid_document() {
+    let ctl = Ctl::new();
+    let bad = ctl.file("bad.yaml", "apiVersion: [unclosed\n");
+    let o = ctl.run(&["validate", "-f", &bad]);
+    assert_eq!(o.code, EXIT_INVALID, "{o:?}");
+    // Before: "1 of 0 documents are invalid".
+    assert!(o.err.contains("1 of 1 documents are invalid"), "{o:?}");
+    let good = ctl.file("good.yaml", &three_pools());
+    let o = ctl.run(&["validate", "-f", &bad, "-f", &good]);
+    assert!(o.err.contains("1 of 4 documents are invalid"), "{o:?}");
+}
+
+#[test]
 fn mixed_kinds_are_counted_without_a_kind() {
     let ctl = Ctl::new();
     let f = ctl.file(

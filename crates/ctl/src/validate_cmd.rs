@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use margay_api::codec::decode_documents;
 
+use crate::input::{clip_line, read_bounded, read_file};
 use crate::{EXIT_INVALID, EXIT_OK, EXIT_USAGE};
 
 #[derive(Debug, Args)]
@@ -27,15 +28,16 @@ pub fn run(
     let mut unreadable = false;
     for file in &args.files {
         let (label, text) = if file.as_os_str() == "-" {
-            let mut s = String::new();
-            if let Err(e) = stdin.read_to_string(&mut s) {
-                writeln!(err, "error: cannot read standard input: {e}")?;
-                unreadable = true;
-                continue;
+            match read_bounded(stdin) {
+                Ok(s) => ("<stdin>".to_string(), s),
+                Err(e) => {
+                    writeln!(err, "error: cannot read standard input: {e}")?;
+                    unreadable = true;
+                    continue;
+                }
             }
-            ("<stdin>".to_string(), s)
         } else {
-            match std::fs::read_to_string(file) {
+            match read_file(file) {
                 Ok(s) => (file.display().to_string(), s),
                 Err(e) => {
                     writeln!(err, "error: cannot read {}: {e}", file.display())?;
@@ -47,13 +49,16 @@ pub fn run(
         let decoded = match decode_documents(&text) {
             Ok(d) => d,
             Err(e) => {
-                writeln!(out, "{label}: {e}")?;
+                // The file's documents cannot be told apart: it counts as one invalid document.
+                writeln!(out, "{}", clip_line(&format!("{label}: {e}")))?;
+                documents += 1;
                 invalid += 1;
                 continue;
             }
         };
         if decoded.is_empty() {
             writeln!(out, "{label}: no resources found")?;
+            documents += 1;
             invalid += 1;
             continue;
         }
@@ -64,14 +69,14 @@ pub fn run(
                 Err(e) => {
                     invalid += 1;
                     for m in e.messages() {
-                        writeln!(out, "{prefix}: {m}")?;
+                        writeln!(out, "{}", clip_line(&format!("{prefix}: {m}")))?;
                     }
                 }
                 Ok(resource) => {
                     if let Err(errors) = resource.validate() {
                         invalid += 1;
                         for e in errors.iter() {
-                            writeln!(out, "{prefix}: {e}")?;
+                            writeln!(out, "{}", clip_line(&format!("{prefix}: {e}")))?;
                         }
                     }
                 }
