@@ -49,30 +49,69 @@ pub fn bird_parse(bird: &Path, file: &Path) -> Result<(), String> {
     Err(text.trim().replace('\n', "; "))
 }
 
+/// Writes `bytes` to a new temporary file in `dir` (so the rename that installs it is
+/// atomic) and returns its path. The file is created with its final `mode` (never readable
+/// by others, not even for a moment), with `create_new` (an existing file or symlink of that
+/// name is never written through) and an unpredictable name ending in .tmp (so nothing takes
+/// it for a configuration). On failure nothing is left behind.
+pub fn write_temp(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<PathBuf> {
+    use std::hash::{BuildHasher, Hasher};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut last = None;
+    for attempt in 0..8u32 {
+        // RandomState is seeded from the OS's random source.
+        let mut h = std::hash::RandomState::new().build_hasher();
+        h.write_u32(attempt);
+        let tmp = dir.join(format!(
+            ".{name}.{}.{:016x}.tmp",
+            std::process::id(),
+            h.finish()
+        ));
+        let mut f = match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                last = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let written = (|| {
+            // The umask may have narrowed `mode` at creation; widen to exactly `mode`.
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        })();
+        return match written {
+            Ok(()) => Ok(tmp),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
+            }
+        };
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free temporary name")))
+}
+
 impl ConfigSink for FileInstaller {
     fn install(&mut self, family: Family, text: &str, secret: bool) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| format!("cannot create {}: {e}", self.dir.display()))?;
         let target = self.path(family);
-        // Same directory, so the rename is atomic; the name ends in .tmp so nothing takes
-        // it for a configuration.
-        let tmp = self.dir.join(format!(
-            ".{}.{}.tmp",
-            family.file_name(),
-            std::process::id()
-        ));
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            // A password may be inside: only root and BIRD's group may read it.
-            let mode = if secret { 0o640 } else { 0o644 };
-            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
-            f.write_all(text.as_bytes())?;
-            f.sync_all()
-        };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(format!("cannot write {}: {e}", tmp.display()));
-        }
+        // A password may be inside: only root and BIRD's group may read it.
+        let mode = if secret { 0o640 } else { 0o644 };
+        let tmp =
+            write_temp(&self.dir, family.file_name(), text.as_bytes(), mode).map_err(|e| {
+                format!(
+                    "cannot write a new {} in {}: {e}",
+                    family.file_name(),
+                    self.dir.display()
+                )
+            })?;
         if let Err(e) = bird_parse(&self.bird, &tmp) {
             let _ = std::fs::remove_file(&tmp);
             // BIRD names the temporary file; name the real one instead.
@@ -141,6 +180,61 @@ mod tests {
     use super::*;
     use std::io::{BufRead, BufReader};
     use std::os::unix::net::UnixListener;
+
+    #[test]
+    fn a_config_with_secrets_is_never_written_through_a_planted_link() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "untouched").expect("victim");
+        // Before: the temporary file's name was predictable and opened with File::create,
+        // which follows a symlink someone left there (and created it world-readable until the
+        // chmod).
+        let conf = dir.path().join("conf");
+        std::fs::create_dir(&conf).expect("conf dir");
+        let predictable = conf.join(format!(".bird.cfg.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &predictable).expect("plant");
+        let mut installer = FileInstaller {
+            dir: conf.clone(),
+            bird: PathBuf::from("true"),
+        };
+        installer
+            .install(Family::V4, "password \"s3cret\";\n", true)
+            .expect("install");
+        assert_eq!(std::fs::read_to_string(&victim).expect("read"), "untouched");
+        let installed = conf.join(Family::V4.file_name());
+        assert_eq!(
+            std::fs::read_to_string(&installed).expect("read"),
+            "password \"s3cret\";\n"
+        );
+        let mode = std::fs::metadata(&installed)
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o640);
+        // Nothing but the planted link and the installed file.
+        let names: Vec<_> = std::fs::read_dir(&conf)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[test]
+    fn temporary_files_get_their_final_mode_whatever_the_umask_allows() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = write_temp(dir.path(), "x", b"1", 0o640).expect("a");
+        let b = write_temp(dir.path(), "x", b"2", 0o644).expect("b");
+        assert_ne!(a, b);
+        for (p, mode) in [(a, 0o640), (b, 0o644)] {
+            let m = std::fs::metadata(&p).expect("meta").permissions().mode();
+            assert_eq!(m & 0o777, mode, "{}", p.display());
+            assert!(
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.ends_with(".tmp"))
+            );
+        }
+    }
 
     /// A fake BIRD on a socket: greets, expects `configure`, answers.
     #[test]

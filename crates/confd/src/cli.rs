@@ -73,7 +73,7 @@ pub struct ConfdArgs {
 
 /// Runs `margay confd`; returns the exit code.
 pub fn run_confd(args: ConfdArgs, err: &mut dyn Write) -> u8 {
-    let get = |k: &str| std::env::var(k).ok();
+    let get = margay_node::cli::env_var;
     match run_inner(args, &get) {
         Ok(code) => code,
         Err(e) => {
@@ -225,11 +225,14 @@ async fn run_typha_discovered(
 /// Writes the status file (temporary file + rename, so readers never see half of it).
 fn write_status(dir: &Path, s: &Status) {
     let path = dir.join(STATUS_FILE);
-    let tmp = dir.join(format!(".{STATUS_FILE}.tmp"));
     let res = serde_json::to_vec_pretty(s)
         .map_err(std::io::Error::other)
-        .and_then(|b| std::fs::write(&tmp, b))
-        .and_then(|()| std::fs::rename(&tmp, &path));
+        .and_then(|b| crate::bird::write_temp(dir, STATUS_FILE, &b, 0o644))
+        .and_then(|tmp| {
+            std::fs::rename(&tmp, &path).inspect_err(|_| {
+                let _ = std::fs::remove_file(&tmp);
+            })
+        });
     if let Err(e) = res {
         tracing::warn!("cannot write {}: {e}", path.display());
     }

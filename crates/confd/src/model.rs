@@ -36,7 +36,7 @@ impl std::fmt::Display for SecretRef {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Clone, Default, PartialEq)]
 pub struct BirdInputs {
     /// This node's name (NODENAME).
     pub node_name: String,
@@ -52,6 +52,26 @@ pub struct BirdInputs {
     pub secrets: BTreeMap<SecretRef, String>,
     /// CALICO_ROUTER_ID: an address, `hash`, or unset (the node's IPv4 address).
     pub router_id: Option<String>,
+}
+
+/// Every field but the passwords, which show as `<redacted>` (inputs end up in logs and test
+/// failure messages).
+impl std::fmt::Debug for BirdInputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secrets: BTreeMap<&SecretRef, &str> =
+            self.secrets.keys().map(|k| (k, "<redacted>")).collect();
+        f.debug_struct("BirdInputs")
+            .field("node_name", &self.node_name)
+            .field("nodes", &self.nodes)
+            .field("bgp_configs", &self.bgp_configs)
+            .field("peers", &self.peers)
+            .field("filters", &self.filters)
+            .field("pools", &self.pools)
+            .field("affinities", &self.affinities)
+            .field("secrets", &secrets)
+            .field("router_id", &self.router_id)
+            .finish()
+    }
 }
 
 impl BirdInputs {
@@ -132,5 +152,26 @@ impl BirdInputs {
     /// BGPConfiguration `node.<name>`.
     pub fn node_config(&self, node: &str) -> Option<&BGPConfiguration> {
         self.bgp_configs.get(&format!("node.{node}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_never_shows_a_password() {
+        let mut inputs = BirdInputs::new("node1");
+        let r = SecretRef {
+            name: "bgp-secrets".into(),
+            key: "peer-a".into(),
+        };
+        inputs.secrets.insert(r, "hunter2-s3cret".into());
+        let shown = format!("{inputs:?} {inputs:#?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("peer-a") && shown.contains("<redacted>"),
+            "{shown}"
+        );
     }
 }

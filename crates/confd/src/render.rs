@@ -152,8 +152,8 @@ pub fn hash_router_id(name: &str) -> Ipv4Addr {
     Ipv4Addr::new(first, d[1], d[2], d[3])
 }
 
-/// One BGP session as rendered.
-#[derive(Debug, Clone)]
+/// One BGP session as rendered. Its Debug shows the password as `<redacted>`.
+#[derive(Clone)]
 struct Peer {
     ip: IpAddr,
     port: u16,
@@ -172,6 +172,29 @@ struct Peer {
     allow_local_as: u32,
     filters: Vec<String>,
     same_as: bool,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("ip", &self.ip)
+            .field("port", &self.port)
+            .field("asn", &self.asn)
+            .field("local_asn", &self.local_asn)
+            .field("source", &self.source)
+            .field("ttl_security", &self.ttl_security)
+            .field("passive", &self.passive)
+            .field("restart_time", &self.restart_time)
+            .field("keepalive_time", &self.keepalive_time)
+            .field("rr_cluster_id", &self.rr_cluster_id)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("next_hop_self", &self.next_hop_self)
+            .field("next_hop_keep", &self.next_hop_keep)
+            .field("allow_local_as", &self.allow_local_as)
+            .field("filters", &self.filters)
+            .field("same_as", &self.same_as)
+            .finish()
+    }
 }
 
 struct Family<'a> {

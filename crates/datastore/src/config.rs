@@ -305,6 +305,17 @@ impl DatastoreConfig {
                         "set both ETCD_USERNAME and ETCD_PASSWORD, or neither",
                     ));
                 }
+                // Calico allows it too, but the password then crosses the network readable.
+                if self.etcd.password.is_some() {
+                    for e in self
+                        .etcd
+                        .endpoints
+                        .iter()
+                        .filter(|e| e.starts_with("http://"))
+                    {
+                        tracing::warn!(endpoint = %e, "etcd credentials (ETCD_USERNAME/ETCD_PASSWORD) will be sent over plain http; use https:// endpoints");
+                    }
+                }
                 Ok(())
             }
             DatastoreType::Local => Ok(()),

@@ -22,6 +22,7 @@
 
 mod config;
 mod datastore;
+mod env;
 mod gofmt;
 pub mod ini;
 mod kinds;
@@ -34,6 +35,7 @@ mod warnings;
 
 pub use config::{ActedOn, Change, RESTART_EXIT_CODE};
 pub use datastore::ANNOTATION_PREFIX;
+pub use env::{skipped_warning, utf8_env};
 pub use gofmt::format_go_duration;
 pub use kinds::{AssumeFilesExist, HostProbe, Kind, Parsed};
 pub use load::{

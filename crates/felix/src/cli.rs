@@ -179,7 +179,11 @@ fn run_status(args: StatusArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 
 }
 
 fn run_config(args: ConfigArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
-    match effective_config(&args) {
+    let (env, skipped) = margay_felix_config::utf8_env(std::env::vars_os());
+    if let Some(w) = margay_felix_config::skipped_warning(&skipped) {
+        let _ = writeln!(err, "margay felix config: warning: {w}");
+    }
+    match effective_config(&args, env) {
         Ok(loaded) => {
             if args.json {
                 let _ = writeln!(
@@ -200,8 +204,10 @@ fn run_config(args: ConfigArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 
 }
 
 /// The configuration as the daemon would load it now.
-fn effective_config(args: &ConfigArgs) -> Result<margay_felix_config::Loaded, (u8, String)> {
-    let env = std::env::vars().collect();
+fn effective_config(
+    args: &ConfigArgs,
+    env: std::collections::BTreeMap<String, String>,
+) -> Result<margay_felix_config::Loaded, (u8, String)> {
     let local = LocalInputs::read(env, &args.config_file, kernel_hostname())
         .map_err(|e| (2, e.to_string()))?;
     let local_loaded = load(&local.config_inputs()).map_err(|e| (1, e.to_string()))?;

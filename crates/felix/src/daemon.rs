@@ -23,7 +23,6 @@ use margay_calc::{CalcConfig, CalcCounts, CalcGraph, IpSetStatus, Message, Probl
 use margay_dataplane::{DataplaneDriver, DataplaneError, Recording, RecordingDriver, StatusUpdate};
 use margay_datastore::{Client, SyncStatus, SyncerEvent, SyncerOptions, WatcherSyncer};
 use margay_felix_config::{Config, Loaded, PARAMS, WarnOnce, load};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::bootstrap::Bootstrap;
@@ -35,8 +34,8 @@ use crate::http::{self, Handler, Response};
 use crate::inputs::{DatastoreInputs, LocalInputs, datastore_config, read_datastore_inputs};
 use crate::metrics::Metrics;
 use crate::status::{
-    BootstrapView, DataplaneView, EndpointView, IpSetView, ProblemView, REQUESTS, StatusDoc,
-    StatusSocket, TierView,
+    BootstrapView, ConnLimits, DataplaneView, EndpointView, IpSetView, ProblemView, REQUESTS,
+    StatusDoc, StatusSocket, TierView,
 };
 use crate::typha_feed::{FeedItem, TYPHA_CONNECTION, TyphaFeed, TyphaTarget};
 use crate::{LogLevelSetter, calico_level};
@@ -76,8 +75,12 @@ pub struct DaemonOptions {
 impl DaemonOptions {
     /// Options from this process: its environment and kernel hostname.
     pub fn from_process(config_file: PathBuf, status_socket: Option<PathBuf>) -> Self {
+        let (env, skipped) = margay_felix_config::utf8_env(std::env::vars_os());
+        if let Some(w) = margay_felix_config::skipped_warning(&skipped) {
+            tracing::warn!("{w}");
+        }
         DaemonOptions {
-            env: std::env::vars().collect(),
+            env,
             config_file,
             status_socket,
             kernel_hostname: crate::inputs::kernel_hostname(),
@@ -1896,52 +1899,12 @@ async fn answer(shared: &Shared, what: &str) -> (u16, serde_json::Value) {
     }
 }
 
-async fn serve_status(sock: StatusSocket, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
-    loop {
-        tokio::select! {
-            r = stop.changed() => if r.is_err() || *stop.borrow() { return },
-            accepted = sock.listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let shared = shared.clone();
-                    tokio::spawn(async move { status_connection(stream, &shared).await });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "status socket: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    }
-}
-
-async fn status_connection(stream: tokio::net::UnixStream, shared: &Shared) {
-    let (r, mut w) = stream.into_split();
-    let mut reader = BufReader::new(r);
-    let mut first = String::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut first)).await;
-    if !matches!(read, Ok(Ok(n)) if n > 0) {
-        return;
-    }
-    let (what, is_http) = crate::status::parse_request(&first);
-    if is_http {
-        // Read the rest of the request head.
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match tokio::time::timeout(Duration::from_secs(5), reader.read_line(&mut line)).await {
-                Ok(Ok(n)) if n > 0 && !line.trim().is_empty() => continue,
-                _ => break,
-            }
-        }
-    }
-    let (code, v) = answer(shared, &what).await;
-    let body = serde_json::to_string_pretty(&v).unwrap_or_else(|_| "{}".into()) + "\n";
-    if is_http {
-        let _ = http::write_response(&mut w, &Response::json(code, body), false).await;
-    } else {
-        let _ = w.write_all(body.as_bytes()).await;
-        let _ = w.shutdown().await;
-    }
+async fn serve_status(sock: StatusSocket, shared: Arc<Shared>, stop: watch::Receiver<bool>) {
+    let respond = move |what: String| {
+        let shared = shared.clone();
+        async move { answer(&shared, &what).await }
+    };
+    crate::status::serve(&sock.listener, ConnLimits::default(), respond, stop).await;
 }
 
 #[cfg(test)]

@@ -446,6 +446,126 @@ impl StatusSocket {
     }
 }
 
+/// How much one status connection may cost.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// The request (its line, and for HTTP its whole head) at most this many bytes.
+    pub max_request: u64,
+    /// Reading the request, answering and writing the answer all within this.
+    pub deadline: Duration,
+    /// Connections served at once; more wait in the listen queue.
+    pub max_connections: usize,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        ConnLimits {
+            // A request is a word or a short HTTP head; curl's is about 100 bytes.
+            max_request: 8 * 1024,
+            deadline: Duration::from_secs(10),
+            max_connections: 16,
+        }
+    }
+}
+
+/// Serves status connections until `stop` says so: at most `limits.max_connections` at once,
+/// each with [`serve_connection`].
+pub async fn serve<F, Fut>(
+    listener: &tokio::net::UnixListener,
+    limits: ConnLimits,
+    answer: F,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = (u16, serde_json::Value)> + Send,
+{
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        // A free slot first, so a flood of connections waits in the kernel's queue rather
+        // than in tasks here.
+        let permit = tokio::select! {
+            r = stop.changed() => if r.is_err() || *stop.borrow() { return } else { continue },
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        tokio::select! {
+            r = stop.changed() => if r.is_err() || *stop.borrow() { return },
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let answer = answer.clone();
+                    tokio::spawn(async move {
+                        if let Err(why) = serve_connection(stream, limits, answer).await {
+                            tracing::debug!(why, "status socket: connection dropped");
+                        }
+                        drop(permit);
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "status socket: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Answers one connection: reads a request of at most `limits.max_request` bytes, answers,
+/// and closes, all within `limits.deadline`. Returns why it gave up, if it did.
+pub async fn serve_connection<F, Fut>(
+    stream: tokio::net::UnixStream,
+    limits: ConnLimits,
+    answer: F,
+) -> Result<(), &'static str>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = (u16, serde_json::Value)>,
+{
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let work = async move {
+        let (r, mut w) = stream.into_split();
+        // One budget for the whole request head, however it is split into lines.
+        let mut reader = BufReader::new(r.take(limits.max_request));
+        let mut first = String::new();
+        match reader.read_line(&mut first).await {
+            Ok(n) if n > 0 && first.ends_with('\n') => {}
+            Ok(0) => return Err("closed before a request"),
+            Ok(_) => return Err("request too long"),
+            Err(_) => return Err("unreadable request"),
+        }
+        let (what, is_http) = parse_request(&first);
+        if is_http {
+            // The rest of the request head, up to its blank line.
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match reader.read_line(&mut line).await {
+                    Ok(n) if n > 0 && line.ends_with('\n') && !line.trim().is_empty() => {}
+                    Ok(n) if n > 0 && line.ends_with('\n') => break,
+                    Ok(_) => return Err("request too long"),
+                    Err(_) => return Err("unreadable request"),
+                }
+            }
+        }
+        let (code, v) = answer(what).await;
+        let body = serde_json::to_string_pretty(&v).unwrap_or_else(|_| "{}".into()) + "\n";
+        let written = if is_http {
+            crate::http::write_response(&mut w, &crate::http::Response::json(code, body), false)
+                .await
+        } else {
+            match w.write_all(body.as_bytes()).await {
+                Ok(()) => w.shutdown().await,
+                Err(e) => Err(e),
+            }
+        };
+        written.map_err(|_| "the client went away")
+    };
+    tokio::time::timeout(limits.deadline, work)
+        .await
+        .unwrap_or(Err("deadline passed"))
+}
+
 /// What a connection asked for: the request name and whether to answer in HTTP.
 pub fn parse_request(first_line: &str) -> (String, bool) {
     let line = first_line.trim();
@@ -484,8 +604,18 @@ pub fn request(path: &Path, what: &str, timeout: Duration) -> Result<String, Fel
     s.write_all(format!("{what}\n").as_bytes())
         .map_err(|e| err(e.to_string()))?;
     let mut out = String::new();
-    s.read_to_string(&mut out)
+    // Felix's answers are a few MB at most (every endpoint and IP set).
+    let limit: u64 = 256 << 20;
+    let n = (&mut s)
+        .take(limit + 1)
+        .read_to_string(&mut out)
         .map_err(|e| err(format!("reading the answer: {e}")))?;
+    if n as u64 > limit {
+        return Err(err(format!(
+            "the answer is larger than {} MiB",
+            limit >> 20
+        )));
+    }
     Ok(out)
 }
 
@@ -620,6 +750,84 @@ mod tests {
             parse_request("GET /endpoints HTTP/1.1"),
             ("endpoints".into(), true)
         );
+    }
+
+    /// Serves one connection on a fresh socket while `client` runs on a thread; returns the
+    /// server's verdict, the client's result and how long the server took.
+    fn one_connection<T: Send + 'static>(
+        limits: ConnLimits,
+        client: impl FnOnce(std::os::unix::net::UnixStream) -> T + Send + 'static,
+    ) -> (Result<(), &'static str>, T, Duration) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("felix.sock");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let listener = tokio::net::UnixListener::bind(&path).unwrap();
+            let c = std::os::unix::net::UnixStream::connect(&path).unwrap();
+            let client = std::thread::spawn(move || client(c));
+            let (stream, _) = listener.accept().await.unwrap();
+            let start = std::time::Instant::now();
+            let verdict = serve_connection(stream, limits, |what: String| async move {
+                (200, serde_json::json!({ "asked": what }))
+            })
+            .await;
+            let took = start.elapsed();
+            (verdict, client.join().unwrap(), took)
+        })
+    }
+
+    #[test]
+    fn a_request_is_answered_once() {
+        let (verdict, answer, _) = one_connection(ConnLimits::default(), |mut c| {
+            c.write_all(b"STATUS\n").unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).unwrap();
+            out
+        });
+        assert_eq!(verdict, Ok(()));
+        assert!(answer.contains("\"asked\": \"status\""), "{answer}");
+    }
+
+    #[test]
+    fn an_endless_request_line_is_cut_off_at_the_limit() {
+        // Before: read_line kept every byte (one 21 MB line took Felix from 21 to 431 MB).
+        let (verdict, sent, _) = one_connection(ConnLimits::default(), |mut c| {
+            let chunk = vec![b'a'; 64 * 1024];
+            let mut sent = 0usize;
+            while sent < 64 << 20 {
+                match c.write(&chunk) {
+                    Ok(n) => sent += n,
+                    Err(_) => break,
+                }
+            }
+            sent
+        });
+        assert_eq!(verdict, Err("request too long"));
+        // The server stopped reading: the client could not push 64 MiB into it.
+        assert!(sent < 8 << 20, "the server took {sent} bytes");
+    }
+
+    #[test]
+    fn a_request_head_dribbled_forever_meets_one_deadline() {
+        let limits = ConnLimits {
+            deadline: Duration::from_millis(300),
+            ..ConnLimits::default()
+        };
+        let (verdict, (), took) = one_connection(limits, |mut c| {
+            let _ = c.write_all(b"GET /status HTTP/1.1\r\n");
+            // A header line every 50 ms: each read is quick, the whole request never ends.
+            for i in 0..100 {
+                if c.write_all(format!("X-{i}: y\r\n").as_bytes()).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        assert_eq!(verdict, Err("deadline passed"));
+        assert!(took < Duration::from_secs(3), "{took:?}");
     }
 
     #[test]

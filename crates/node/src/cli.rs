@@ -199,8 +199,24 @@ pub fn normalize_health_args(args: &mut [std::ffi::OsString]) {
     }
 }
 
+/// One environment variable; a value that is not UTF-8 is ignored with a warning naming the
+/// variable (as if unset), never a panic or a silent surprise.
+pub fn env_var(name: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(_)) => {
+            tracing::warn!(
+                variable = name,
+                "ignoring environment variable: its value is not UTF-8 (set it to UTF-8 text or unset it)"
+            );
+            None
+        }
+    }
+}
+
 pub fn run_node(args: NodeArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
-    let get = |k: &str| std::env::var(k).ok();
+    let get = env_var;
     let result = match args.command {
         NodeCommand::Startup(a) => startup(&a, &get, out),
         NodeCommand::AllocateTunnelAddrs(a) => allocate_tunnel_addrs(&a, &get, out),
@@ -289,7 +305,7 @@ fn network_condition(
         ready_timeout,
         clear_retry: crate::kubernetes::CLEAR_RETRY,
         shutdown_retry: SHUTDOWN_RETRY,
-        env: std::sync::Arc::new(|k: &str| std::env::var(k).ok()),
+        env: std::sync::Arc::new(env_var),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -2,9 +2,9 @@
 //! [`Fingerprint`], and running nft.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -19,6 +19,12 @@ pub enum NftError {
     #[error("nft output is not what margay expects: {0}")]
     Unreadable(String),
 }
+
+/// One nft call (a transaction, or reading a table back) ends within this: 10k rules take
+/// about 0.3 s, so only a wedged nft (or kernel lock) gets near it.
+const NFT_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most output accepted from nft (a table of 10k rules reads back as a few MB of JSON).
+const NFT_MAX_OUTPUT: usize = 512 << 20;
 
 /// Runs `nft`, optionally inside a named network namespace (tests).
 #[derive(Debug, Clone)]
@@ -50,25 +56,13 @@ impl NftRunner {
 
     /// Applies a script as one atomic transaction.
     pub fn apply(&self, script: &str) -> Result<(), NftError> {
-        let mut child = self
-            .command()
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| NftError::Spawn {
-                program: self.program.display().to_string(),
-                reason: e.to_string(),
-            })?;
-        if let Some(mut stdin) = child.stdin.take() {
-            // A write error shows up as nft's failure below.
-            let _ = stdin.write_all(script.as_bytes());
-        }
-        let out = child.wait_with_output().map_err(|e| NftError::Spawn {
-            program: self.program.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let out = crate::exec::run(
+            self.command().args(["-f", "-"]),
+            script.as_bytes(),
+            NFT_TIMEOUT,
+            NFT_MAX_OUTPUT,
+        )
+        .map_err(|e| self.failed(e))?;
         if out.status.success() {
             Ok(())
         } else {
@@ -76,6 +70,13 @@ impl NftRunner {
                 stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
                 script_lines: script.lines().count(),
             })
+        }
+    }
+
+    fn failed(&self, e: crate::exec::ExecError) -> NftError {
+        NftError::Spawn {
+            program: self.program.display().to_string(),
+            reason: e.to_string(),
         }
     }
 
@@ -115,15 +116,13 @@ impl NftRunner {
 
     /// The table as JSON, or None when it does not exist.
     pub fn list_table(&self, table: &str) -> Result<Option<Value>, NftError> {
-        let out = self
-            .command()
-            .args(["-j", "list", "table", "inet", table])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| NftError::Spawn {
-                program: self.program.display().to_string(),
-                reason: e.to_string(),
-            })?;
+        let out = crate::exec::run(
+            self.command().args(["-j", "list", "table", "inet", table]),
+            b"",
+            NFT_TIMEOUT,
+            NFT_MAX_OUTPUT,
+        )
+        .map_err(|e| self.failed(e))?;
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             if err.contains("No such file or directory") {
