@@ -6,7 +6,7 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 MARGAY := $(TARGET_DIR)/release/margay
 
-.PHONY: all setup build release test lint fmt bench demo clean
+.PHONY: all setup build release test lint fmt bench fuzz demo clean
 
 all: build
 
@@ -28,6 +28,11 @@ test: lint
 
 fmt:
 	$(CARGO) fmt --all
+
+# `make test` fuzzes each parser for 12 s (fuzz/tests/fuzz.rs); this runs them longer, optimised:
+# FUZZ_SECS per target (default 300), MARGAY_FUZZ_SEED to repeat a run.
+fuzz: setup
+	$(CARGO) run --release -p margay-fuzz -- --secs $(or $(FUZZ_SECS),300)
 
 bench: setup
 	$(CARGO) bench -p margay-selector --bench eval
