@@ -60,7 +60,10 @@ fn confd_names_a_node_name_that_is_not_utf8() {
         .unwrap();
     let err = text(&out.stderr);
     assert_ne!(out.status.code(), Some(101), "{err}");
-    assert!(err.contains("NODENAME") && err.contains("not UTF-8"), "{err}");
+    assert!(
+        err.contains("NODENAME") && err.contains("not UTF-8"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -76,6 +79,9 @@ fn etcd_credentials_over_plain_http_are_warned_about() {
         .output()
         .unwrap();
     let err = text(&out.stderr);
-    assert!(err.contains("plain http") && err.contains("127.0.0.1:1"), "{err}");
+    assert!(
+        err.contains("plain http") && err.contains("127.0.0.1:1"),
+        "{err}"
+    );
     assert!(!err.contains("s3cret-pw"), "{err}");
 }
