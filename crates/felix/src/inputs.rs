@@ -28,7 +28,7 @@ impl LocalInputs {
         config_file: &Path,
         kernel_hostname: Option<String>,
     ) -> Result<LocalInputs, FelixError> {
-        let config_text = match std::fs::read_to_string(config_file) {
+        let config_text = match read_bounded(config_file) {
             Ok(t) => Some(t),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {
@@ -55,6 +55,25 @@ impl LocalInputs {
             ..ConfigInputs::default()
         }
     }
+}
+
+/// The largest config file read: felix.cfg holds a few dozen settings.
+const MAX_CONFIG_FILE: u64 = 1 << 20;
+
+/// Reads a UTF-8 file of at most [`MAX_CONFIG_FILE`] bytes, reading no further.
+fn read_bounded(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut buf = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_CONFIG_FILE + 1)
+        .read_to_string(&mut buf)?;
+    if buf.len() as u64 > MAX_CONFIG_FILE {
+        return Err(std::io::Error::other(format!(
+            "it is larger than {} MiB; a Felix config file holds a few settings",
+            MAX_CONFIG_FILE >> 20
+        )));
+    }
+    Ok(buf)
 }
 
 /// The kernel's hostname (FelixHostname's default).
@@ -215,6 +234,26 @@ pub fn datastore_config(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn an_oversized_config_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("felix.cfg");
+        // A file that never ends (before: read until memory ran out) stands in as a FIFO
+        // would; a sparse 64 MiB file is enough to show nothing past the limit is read.
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(64 << 20).unwrap();
+        let e = LocalInputs::read(BTreeMap::new(), &path, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("felix.cfg") && e.contains("larger than 1 MiB"),
+            "{e}"
+        );
+        std::fs::write(&path, "[global]\nLogSeverityScreen = debug\n").unwrap();
+        assert!(LocalInputs::read(BTreeMap::new(), &path, None).is_ok());
+    }
 
     fn local(env: &[(&str, &str)]) -> (BTreeMap<String, String>, Loaded) {
         let env: BTreeMap<String, String> = env

@@ -85,3 +85,30 @@ fn etcd_credentials_over_plain_http_are_warned_about() {
     );
     assert!(!err.contains("s3cret-pw"), "{err}");
 }
+
+#[test]
+fn felix_config_reports_huge_and_zero_durations_without_panicking() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = margay()
+        .args(["felix", "config", "--no-datastore", "-c"])
+        .arg(dir.path().join("absent.cfg"))
+        .env("FELIX_ROUTEREFRESHINTERVAL", "1e300")
+        .env("FELIX_IPTABLESREFRESHINTERVAL", "NaN")
+        .env("FELIX_TYPHAREADTIMEOUT", "0")
+        .env(
+            "FELIX_HEALTHTIMEOUTOVERRIDES",
+            "InternalDataplaneMainLoop=99999999999h",
+        )
+        .output()
+        .unwrap();
+    let (stdout, err) = (text(&out.stdout), text(&out.stderr));
+    assert_ne!(out.status.code(), Some(101), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    // Each is named with what is wrong, and the default is used.
+    assert!(
+        stdout.contains("invalid value \"1e300\" for RouteRefreshInterval")
+            && stdout.contains("invalid value \"NaN\" for IptablesRefreshInterval")
+            && stdout.contains("\"99999999999h\" is not a valid duration (too large"),
+        "{stdout}{err}"
+    );
+}
