@@ -25,28 +25,90 @@ impl FileInstaller {
     }
 }
 
+/// How long `bird -p -c` may take: it parses a file of a few KB, so only a wedged BIRD (or
+/// filesystem) gets near this.
+pub const BIRD_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Runs `bird -p -c <file>`: Ok when BIRD accepts the configuration, else its complaint.
 pub fn bird_parse(bird: &Path, file: &Path) -> Result<(), String> {
-    let out = Command::new(bird)
+    bird_parse_within(bird, file, BIRD_CHECK_TIMEOUT)
+}
+
+/// [`bird_parse`] with its deadline: a check that does not finish in time is killed and is an
+/// error (confd keeps the old file and retries on the next pass).
+pub fn bird_parse_within(bird: &Path, file: &Path, timeout: Duration) -> Result<(), String> {
+    use std::io::Read;
+    use std::process::Stdio;
+    let cannot = |e: std::io::Error| {
+        format!(
+            "cannot run {} -p -c to check the configuration: {e} (install BIRD 2, or point --bird-binary at it)",
+            bird.display()
+        )
+    };
+    let mut child = Command::new(bird)
         .arg("-p")
         .arg("-c")
         .arg(file)
-        .output()
-        .map_err(|e| {
-            format!(
-                "cannot run {} -p -c to check the configuration: {e} (install BIRD 2, or point --bird-binary at it)",
-                bird.display()
-            )
-        })?;
-    if out.status.success() {
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(cannot)?;
+    // Both pipes are drained on their own threads (at most 1 MiB each is kept) so a chatty
+    // BIRD cannot block on a full pipe while we wait for it.
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Vec<u8>)>();
+    let pipes: [Option<Box<dyn Read + Send>>; 2] = [
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    ];
+    for (i, pipe) in pipes.into_iter().enumerate() {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(p) = pipe {
+                let _ = p.take(1 << 20).read_to_end(&mut v);
+            }
+            let _ = tx.send((i, v));
+        });
+    }
+    drop(tx);
+    let deadline = std::time::Instant::now() + timeout;
+    let timed_out = || {
+        format!(
+            "{} -p -c did not finish within {timeout:?}; the old configuration is kept",
+            bird.display()
+        )
+    };
+    let status = loop {
+        match child.try_wait().map_err(cannot)? {
+            Some(s) => break s,
+            None if std::time::Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(timed_out());
+            }
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    if status.success() {
         return Ok(());
     }
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    Err(text.trim().replace('\n', "; "))
+    // stderr first, then stdout, as BIRD's complaint reads.
+    let mut parts = [String::new(), String::new()];
+    for _ in 0..2 {
+        match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok((i, v)) => parts[i] = String::from_utf8_lossy(&v).into_owned(),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Err(timed_out()),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    Err(parts.concat().trim().replace('\n', "; "))
 }
 
 /// Writes `bytes` to a new temporary file in `dir` (so the rename that installs it is
@@ -217,6 +279,52 @@ mod tests {
             .map(|e| e.expect("entry").file_name())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[test]
+    fn a_bird_check_that_hangs_meets_its_deadline() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conf = dir.path().join("bird.cfg");
+        std::fs::write(&conf, "router id 1.2.3.4;\n").expect("conf");
+        // `sleep -p -c FILE` fails at once; a script that ignores its arguments hangs.
+        let fake = dir.path().join("bird");
+        std::fs::write(&fake, "#!/bin/sh\nexec sleep 30\n").expect("fake");
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let start = std::time::Instant::now();
+        // Another test's fork may briefly hold the new script open for writing.
+        let mut r = bird_parse_within(&fake, &conf, Duration::from_millis(300));
+        for _ in 0..20 {
+            if !r.as_ref().is_err_and(|e| e.contains("busy")) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            r = bird_parse_within(&fake, &conf, Duration::from_millis(300));
+        }
+        // Before: output() waited as long as BIRD did.
+        let e = r.expect_err("a hung check is an error");
+        assert!(e.contains("did not finish"), "{e}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            start.elapsed()
+        );
+        // A complaint is returned as BIRD wrote it.
+        let complain = dir.path().join("complain");
+        std::fs::write(
+            &complain,
+            "#!/bin/sh\necho 'bird: /x:1:1 syntax error' >&2\nexit 1\n",
+        )
+        .expect("fake");
+        std::fs::set_permissions(&complain, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mut r = bird_parse(&complain, &conf);
+        for _ in 0..20 {
+            if !r.as_ref().is_err_and(|e| e.contains("busy")) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            r = bird_parse(&complain, &conf);
+        }
+        assert_eq!(r, Err("bird: /x:1:1 syntax error".to_string()));
     }
 
     #[test]
