@@ -105,6 +105,22 @@ fn why(e: DatastoreError) -> String {
     }
 }
 
+/// The largest datastore config file read: a CalicoAPIConfig is a few settings (an inline
+/// kubeconfig with certificates is tens of KB).
+const MAX_CONFIG_FILE: u64 = 1 << 20;
+
+/// Reads a CalicoAPIConfig file, refusing a regular file over [`MAX_CONFIG_FILE`] unread.
+fn from_file(path: &Path) -> Result<DatastoreConfig, String> {
+    if std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() > MAX_CONFIG_FILE) {
+        return Err(format!(
+            "the datastore config file {} is larger than {} MiB; is it the right file?",
+            path.display(),
+            MAX_CONFIG_FILE >> 20
+        ));
+    }
+    DatastoreConfig::from_file(path).map_err(why)
+}
+
 /// The datastore configuration, as calicoctl finds it.
 fn resolve(config: Option<&Path>) -> Result<DatastoreConfig, String> {
     if let Some(path) = config {
@@ -114,11 +130,11 @@ fn resolve(config: Option<&Path>) -> Result<DatastoreConfig, String> {
                 path.display()
             ));
         }
-        return DatastoreConfig::from_file(path).map_err(why);
+        return from_file(path);
     }
     let default = Path::new(DEFAULT_CTL_CONFIG);
     if default.exists() {
-        return DatastoreConfig::from_file(default).map_err(why);
+        return from_file(default);
     }
     DatastoreConfig::from_env().map_err(|e| format!("datastore configuration: {}", why(e)))
 }

@@ -1111,6 +1111,24 @@ fn a_missing_config_file_is_a_usage_error() {
 }
 
 #[test]
+fn an_oversized_config_file_is_refused_unread() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("calicoctl.cfg");
+    // Before: read (and parsed) whatever its size.
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
+    let o = run_args(
+        &["get", "ippools", "--config", &path.display().to_string()],
+        "",
+        &crate::datastore::EnvConnector,
+    );
+    assert_eq!(o.code, EXIT_USAGE, "{o:?}");
+    assert!(o.err.contains("larger than 1 MiB"), "{o:?}");
+}
+
+#[test]
 fn a_config_file_selects_the_datastore() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("calicoctl.cfg");
