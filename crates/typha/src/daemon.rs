@@ -30,8 +30,13 @@ pub struct DaemonOptions {
 
 impl DaemonOptions {
     pub fn from_process(config_file: PathBuf) -> DaemonOptions {
+        // `vars()` would panic on an entry that is not UTF-8: leave such entries out, by name.
+        let (env, skipped) = crate::config::env_from_os(std::env::vars_os());
+        for name in skipped {
+            tracing::warn!(variable = %crate::server::shown(&name), "ignoring an environment variable whose name or value is not UTF-8");
+        }
         DaemonOptions {
-            env: std::env::vars().collect(),
+            env,
             config_file,
             handle_signals: true,
         }
@@ -114,7 +119,10 @@ pub async fn run_async(opts: DaemonOptions) -> u8 {
             }
         }
     } else {
-        tracing::info!("TLS not configured: serving plain TCP");
+        match config.plaintext_warning() {
+            Some(w) => tracing::warn!("{w}"),
+            None => tracing::info!("TLS not configured: serving plain TCP on loopback"),
+        }
         None
     };
     let env = opts.env.clone();
@@ -525,6 +533,21 @@ fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) ->
         st.snapshots_shared.load(Ordering::Relaxed),
     );
     counter(
+        "typha_connections_refused_pending",
+        "Connections closed on accept because too many had not finished their hello.",
+        st.refused_pending.load(Ordering::Relaxed),
+    );
+    counter(
+        "typha_snapshot_deadline_drops",
+        "Clients closed because their snapshot was not sent within the write timeout.",
+        st.dropped_snapshot_deadline.load(Ordering::Relaxed),
+    );
+    counter(
+        "typha_datastore_skipped_entries",
+        "Keys or values the datastore could not decode and skipped.",
+        margay_datastore::kv::skipped_entries(),
+    );
+    counter(
         "typha_frames_sent",
         "Frames written to clients.",
         st.frames_sent.load(Ordering::Relaxed),
@@ -536,6 +559,16 @@ fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) ->
     for (t, n) in server.connections_by_type() {
         let _ = writeln!(out, "typha_connections_active{{syncer=\"{t}\"}} {n}");
     }
+    let _ = writeln!(
+        out,
+        "# HELP typha_pending_handshakes Connections that have not finished their hello.\n# TYPE typha_pending_handshakes gauge\ntypha_pending_handshakes {}",
+        st.pending_handshakes.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP typha_snapshot_bytes Bytes of encoded snapshots being sent or kept for sharing.\n# TYPE typha_snapshot_bytes gauge\ntypha_snapshot_bytes {}",
+        st.snapshot_bytes.load(Ordering::Relaxed)
+    );
     let _ = writeln!(
         out,
         "# HELP typha_connection_limit Connections above which clients are asked to migrate.\n# TYPE typha_connection_limit gauge\ntypha_connection_limit {}",
@@ -601,6 +634,18 @@ fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) ->
             out,
             "typha_invalid_resources{{syncer=\"{t}\"}} {}",
             s.invalid.load(Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP typha_oversized_values Values larger than a client accepts, served as deletions.\n# TYPE typha_oversized_values counter"
+    );
+    for t in &types {
+        let s = &pipelines[t].stats;
+        let _ = writeln!(
+            out,
+            "typha_oversized_values{{syncer=\"{t}\"}} {}",
+            s.oversized.load(Ordering::Relaxed)
         );
     }
     if let Some(rss) = crate::bench::rss_bytes(std::process::id()) {

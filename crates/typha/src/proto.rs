@@ -29,6 +29,16 @@ pub const DEFAULT_MAX_SERVER_INBOUND: usize = 1 << 20;
 /// What a client accepts in one frame (after decompression): a KV batch holds at most 100
 /// values, but one value may be large.
 pub const DEFAULT_MAX_CLIENT_INBOUND: usize = 16 << 20;
+/// The largest frame a server reads from a client (the hello and pongs are all a client
+/// sends; a hello with a 253-byte hostname is well under 1 KiB).
+pub const MAX_CLIENT_FRAME: usize = 16 << 10;
+
+/// The largest value a server may put in a KV frame under `key` so that the frame stays
+/// within what clients accept ([`DEFAULT_MAX_CLIENT_INBOUND`]): the count, the key, its
+/// length, the kind, the revision and the value's length take at most 32 bytes more.
+pub fn max_served_value(key: &str) -> usize {
+    DEFAULT_MAX_CLIENT_INBOUND.saturating_sub(key.len() + 32)
+}
 
 /// Compression names used in the hello messages.
 pub const COMPRESSION_SNAPPY: &str = "snappy";
@@ -598,6 +608,13 @@ pub fn encode_kv_batches(
         *n = 0;
     };
     for kv in kvs {
+        // A KV that would take the frame past `max_bytes` starts a frame of its own, so a
+        // large value is never added to a batch (its frame stays within what clients accept
+        // when the value does: see `max_served_value`).
+        let size = kv.key.len() + kv.value.as_ref().map_or(0, |v| v.len()) + 32;
+        if n > 0 && body.len() + size > max_bytes {
+            flush(&mut body, &mut n, &mut frames);
+        }
         put_kv(&mut body, &kv);
         n += 1;
         if n >= max_kvs.max(1) || body.len() >= max_bytes {
