@@ -21,11 +21,23 @@ use crate::syncers::SyncerType;
 use crate::tls::{ServerTls, TYPHA_PARAMS, TlsFiles};
 use crate::upstream::{self, PipelineOptions, UpstreamStats};
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DaemonOptions {
     pub env: BTreeMap<String, String>,
     pub config_file: PathBuf,
     pub handle_signals: bool,
+}
+
+impl std::fmt::Debug for DaemonOptions {
+    /// The environment's names only: its values include secrets (ETCD_PASSWORD,
+    /// K8S_API_TOKEN, KUBECONFIG_INLINE).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DaemonOptions")
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("config_file", &self.config_file)
+            .field("handle_signals", &self.handle_signals)
+            .finish()
+    }
 }
 
 impl DaemonOptions {
@@ -655,4 +667,49 @@ fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) ->
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn opts(pairs: &[(&str, &str)]) -> DaemonOptions {
+        DaemonOptions {
+            env: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            config_file: PathBuf::from("/nonexistent/typha.cfg"),
+            handle_signals: false,
+        }
+    }
+
+    #[test]
+    fn debug_output_shows_no_environment_values() {
+        let o = opts(&[("ETCD_PASSWORD", "s3cret"), ("K8S_API_TOKEN", "t0ken")]);
+        let shown = format!("{o:?}");
+        assert!(shown.contains("ETCD_PASSWORD"), "{shown}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("t0ken"),
+            "{shown}"
+        );
+    }
+
+    /// Each of issue 17's start-up panics is now exit code 2 (invalid configuration), before
+    /// anything is opened; a stray multi-byte name is simply not a Typha variable.
+    #[tokio::test]
+    async fn hostile_settings_exit_with_a_configuration_error() {
+        for (k, v) in [
+            ("TYPHA_SERVERPINGINTERVALSECS", "0"),
+            ("TYPHA_SHUTDOWNTIMEOUTSECS", "1e300"),
+            ("TYPHA_SERVERMAXFALLBEHINDSECS", "1e20"),
+            ("TYPHA_SERVERWRITETIMEOUTSECS", "0"),
+        ] {
+            assert_eq!(run_async(opts(&[(k, v)])).await, 2, "{k}={v}");
+        }
+        // Valid otherwise: fails later, on the datastore, not on the name.
+        let o = opts(&[("TYPHAé_SERVERPORT", "x"), ("DATASTORE_TYPE", "nonsense")]);
+        assert_eq!(run_async(o).await, 2);
+    }
 }

@@ -625,7 +625,8 @@ impl Server {
         drop(cell);
         tracing::debug!(%peer, conn = id, seq = crumb.seq, keys = crumb.snapshot.len(), took = ?started.elapsed(), "snapshot sent");
 
-        let mut ping = tokio::time::interval(self.opts.ping_interval);
+        // The configuration refuses 0; options built in code must not panic the timer either.
+        let mut ping = tokio::time::interval(self.opts.ping_interval.max(Duration::from_millis(1)));
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ping.tick().await;
         let mut grace_deadline: Option<tokio::time::Instant> = None;
