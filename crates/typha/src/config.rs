@@ -92,7 +92,7 @@ pub struct TyphaConfig {
     /// margay: the syncer types served (`felix`, `bgp`).
     pub syncer_types: Vec<String>,
     /// margay: connections that may be without a hello (TLS handshake included) at once;
-    /// more are closed on accept.
+    /// a new one closes the oldest.
     pub server_max_pending_handshakes: usize,
 }
 

@@ -545,9 +545,9 @@ fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) ->
         st.snapshots_shared.load(Ordering::Relaxed),
     );
     counter(
-        "typha_connections_refused_pending",
-        "Connections closed on accept because too many had not finished their hello.",
-        st.refused_pending.load(Ordering::Relaxed),
+        "typha_connections_evicted_pending",
+        "Connections without a hello closed to make room for newer ones (ServerMaxPendingHandshakes).",
+        st.evicted_pending.load(Ordering::Relaxed),
     );
     counter(
         "typha_snapshot_deadline_drops",

@@ -608,11 +608,11 @@ pub fn encode_kv_batches(
         *n = 0;
     };
     for kv in kvs {
-        // A KV that would take the frame past `max_bytes` starts a frame of its own, so a
-        // large value is never added to a batch (its frame stays within what clients accept
-        // when the value does: see `max_served_value`).
+        // A KV larger than a whole batch gets a frame of its own (the one after it too, as
+        // the batch is then full), so a large value is never added to other KVs: its frame
+        // stays within what clients accept whenever the value does (`max_served_value`).
         let size = kv.key.len() + kv.value.as_ref().map_or(0, |v| v.len()) + 32;
-        if n > 0 && body.len() + size > max_bytes {
+        if n > 0 && size > max_bytes {
             flush(&mut body, &mut n, &mut frames);
         }
         put_kv(&mut body, &kv);
@@ -729,6 +729,29 @@ mod tests {
         // Compression happened (repetitive values).
         assert!(frames[0][5] & FLAG_SNAPPY != 0);
         assert_eq!(encode_kv_batches(kvs, 1000, 1000, false).len(), 25);
+    }
+
+    #[test]
+    fn a_large_kv_gets_a_frame_of_its_own() {
+        let kv = |i: i64, n: usize| Kv {
+            key: format!("/k/{i}"),
+            value: Some(Bytes::from(vec![b'a'; n])),
+            revision: i,
+            kind: UpdateKind::New,
+        };
+        let kvs = vec![kv(1, 10), kv(2, 10), kv(3, 5000), kv(4, 10)];
+        let frames = encode_kv_batches(kvs, 100, 1000, false);
+        let counts: Vec<usize> = frames
+            .iter()
+            .map(
+                |f| match decode_stream(f, DEFAULT_MAX_CLIENT_INBOUND).0.pop() {
+                    Some(Message::Kvs(k)) => k.len(),
+                    other => panic!("{other:?}"),
+                },
+            )
+            .collect();
+        // Before: the large KV joined the two small ones in one frame.
+        assert_eq!(counts, vec![2, 1, 1]);
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! Memory a stranger can make the server hold is bounded (DESIGN.md "Hostile clients"):
 //! what a client sends is read into a buffer that grows only with the bytes that arrived, up
 //! to [`proto::MAX_CLIENT_FRAME`]; at most `max_pending_handshakes` connections may be
-//! without a hello at once (more are closed on accept); a snapshot is encoded once and
+//! without a hello at once (a new one closes the oldest: a real client sends its hello at
+//! once, so a flood of silent connections cannot lock it out); a snapshot is encoded once and
 //! shared by every client that joins while it is still being sent, and its whole send has
 //! one deadline (the write timeout), so clients that stop reading cannot pin one encoded
 //! snapshot each.
@@ -53,8 +54,8 @@ pub struct ServerOptions {
     pub max_fall_behind: Duration,
     pub new_client_grace: Duration,
     pub max_inbound: usize,
-    /// Connections that have not finished their hello (TLS included) at once; more are
-    /// closed as soon as they are accepted.
+    /// Connections that have not finished their hello (TLS included) at once; over it, the
+    /// oldest is closed to make room for the new one.
     pub max_pending_handshakes: usize,
     /// The connection limit at start; [`Server::set_connection_limit`] changes it while
     /// running (TYPHA_CONNECTIONREBALANCINGMODE=kubernetes).
@@ -111,8 +112,8 @@ pub struct ServerStats {
     pub frames_sent: AtomicU64,
     /// Connections accepted that have not finished their hello yet (a gauge).
     pub pending_handshakes: AtomicU64,
-    /// Connections closed on accept because `max_pending_handshakes` were pending.
-    pub refused_pending: AtomicU64,
+    /// Connections without a hello closed because `max_pending_handshakes` newer ones came.
+    pub evicted_pending: AtomicU64,
     /// Bytes of encoded snapshots alive (being sent, or kept for clients about to join).
     pub snapshot_bytes: AtomicU64,
     /// Snapshots whose send did not finish within the write timeout.
@@ -148,14 +149,19 @@ struct Share {
 type SnapshotCell = tokio::sync::OnceCell<Frames>;
 
 /// Counts a connection as pending its hello until dropped.
-struct PendingGuard(Arc<Server>);
+struct PendingGuard {
+    server: Arc<Server>,
+    id: u64,
+}
 
 impl Drop for PendingGuard {
     fn drop(&mut self) {
-        self.0
-            .stats
-            .pending_handshakes
-            .fetch_sub(1, Ordering::Relaxed);
+        if lock(&self.server.pending).remove(&self.id).is_some() {
+            self.server
+                .stats
+                .pending_handshakes
+                .fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -188,6 +194,8 @@ pub struct Server {
     /// The connection limit in force (see `ServerOptions::connection_limit`).
     limit: AtomicUsize,
     shutting_down: AtomicBool,
+    /// Connections without a hello yet, oldest first: sending on one closes it.
+    pending: Mutex<std::collections::BTreeMap<u64, oneshot::Sender<()>>>,
     pub stats: ServerStats,
 }
 
@@ -217,6 +225,7 @@ impl Server {
             next_id: AtomicU64::new(1),
             snapshot_base: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
+            pending: Mutex::new(std::collections::BTreeMap::new()),
             stats: ServerStats::default(),
         })
     }
@@ -257,19 +266,21 @@ impl Server {
                 r = listener.accept() => match r {
                     Ok((stream, peer)) => {
                         self.stats.accepted.fetch_add(1, Ordering::Relaxed);
-                        let pending = self.stats.pending_handshakes.fetch_add(1, Ordering::Relaxed);
-                        let guard = PendingGuard(self.clone());
-                        if pending >= self.opts.max_pending_handshakes as u64 {
-                            let n = self.stats.refused_pending.fetch_add(1, Ordering::Relaxed);
-                            // Once, then every 1000th: a flood must not flood the log too.
-                            if n.is_multiple_of(1000) {
-                                tracing::warn!(%peer, pending, refused = n + 1, "too many connections have not finished their hello; closing new ones until some do (TYPHA_SERVERMAXPENDINGHANDSHAKES)");
-                            }
-                            drop(stream);
-                            continue;
-                        }
+                        let (guard, evict) = self.register_pending();
                         let s = self.clone();
-                        tokio::spawn(async move { s.handle(stream, peer, guard).await });
+                        tokio::spawn(async move {
+                            // Evicted before its hello: the connection is dropped (closed).
+                            // After the hello the guard is gone, and so is the sender.
+                            let evicted = async {
+                                if evict.await.is_err() {
+                                    std::future::pending::<()>().await;
+                                }
+                            };
+                            tokio::select! {
+                                _ = s.handle(stream, peer, guard) => {}
+                                _ = evicted => {}
+                            }
+                        });
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "accepting a connection failed");
@@ -282,6 +293,49 @@ impl Server {
                 break;
             }
         }
+    }
+
+    /// Registers a connection as waiting for its hello; over the cap, the oldest such
+    /// connection is told to close.
+    fn register_pending(self: &Arc<Self>) -> (PendingGuard, oneshot::Receiver<()>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let victim = {
+            let mut p = lock(&self.pending);
+            let victim = if p.len() >= self.opts.max_pending_handshakes.max(1) {
+                p.pop_first()
+            } else {
+                None
+            };
+            p.insert(id, tx);
+            victim
+        };
+        match victim {
+            Some((_, v)) => {
+                let _ = v.send(());
+                let n = self.stats.evicted_pending.fetch_add(1, Ordering::Relaxed);
+                // Once, then every 1000th: a flood must not flood the log too.
+                if n.is_multiple_of(1000) {
+                    tracing::warn!(
+                        evicted = n + 1,
+                        "{} connections have not finished their hello; closing the oldest for each new one (TYPHA_SERVERMAXPENDINGHANDSHAKES)",
+                        self.opts.max_pending_handshakes
+                    );
+                }
+            }
+            None => {
+                self.stats
+                    .pending_handshakes
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        (
+            PendingGuard {
+                server: self.clone(),
+                id,
+            },
+            rx,
+        )
     }
 
     /// Drops stale shared snapshots; over the limit, asks one connection per drop interval

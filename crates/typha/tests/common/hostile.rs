@@ -124,7 +124,7 @@ pub async fn run(kind: Hostile, addr: SocketAddr, i: usize, hold: Duration) {
             }
             Hostile::ForgedHost => {
                 let _ = s.write_all(&hello(&format!("host-{i}\n{FORGED}"))).await;
-                drain(&mut s, 64 << 10, Duration::ZERO, hold).await;
+                drain(&mut s, 4096, Duration::ZERO, hold).await;
             }
         }
     })
