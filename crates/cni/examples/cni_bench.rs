@@ -12,7 +12,10 @@
 //! cargo run --release -p margay-cni --example cni_bench -- target/release/margay [SEQUENTIAL] [PARALLEL]
 //! ```
 //! Needs root. Prints sequential ADD latency (median, p90, p99, max), DEL latency, and the
-//! wall time of PARALLEL (default 100) ADDs started at once.
+//! wall time of PARALLEL (default 100) ADDs started at once — twice, side by side: once with
+//! the pod's metadata from the network config only, once with the Kubernetes pod lookup (the
+//! Pod and its Namespace read from an API server double serving in the host namespace, named
+//! by `kubernetes.kubeconfig`, as a kubelet-driven ADD does).
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
@@ -26,6 +29,8 @@ use margay_testkit::netns::Netns;
 struct Bench {
     exe: PathBuf,
     dir: tempfile::TempDir,
+    /// The kubeconfig of the API server the plugin reads its pods from (lookup mode).
+    kubeconfig: Option<PathBuf>,
 }
 
 impl Bench {
@@ -44,7 +49,7 @@ impl Bench {
             Ok(f) => ("debug", f),
             Err(_) => ("warn", String::new()),
         };
-        serde_json::json!({
+        let mut conf = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": "k8s-pod-network",
             "type": "margay",
@@ -53,8 +58,11 @@ impl Bench {
             "log_file_path": file,
             "nodename_file": self.dir.path().join("nodename"),
             "ipam": {"type": "margay-ipam"},
-        })
-        .to_string()
+        });
+        if let Some(k) = &self.kubeconfig {
+            conf["kubernetes"] = serde_json::json!({"kubeconfig": k});
+        }
+        conf.to_string()
     }
 
     fn spawn(&self, command: &str, pod: &Netns, id: &str) -> Child {
@@ -101,6 +109,18 @@ impl Bench {
     }
 }
 
+/// User + system time of this process's waited-for children (`/proc/self/stat` cutime and
+/// cstime, in clock ticks of 1/100 s).
+fn children_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // cutime and cstime are fields 16 and 17 of the whole line: 13 and 14 after the name.
+    let ticks: u64 = fields[13].parse::<u64>().unwrap() + fields[14].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -115,6 +135,78 @@ fn report(name: &str, mut v: Vec<Duration>) {
         pct(&v, 0.9).as_secs_f64() * 1e3,
         pct(&v, 0.99).as_secs_f64() * 1e3,
         v.last().unwrap().as_secs_f64() * 1e3
+    );
+}
+
+/// One round: `sequential` ADDs then DELs one after another, then `parallel` ADDs (and DELs)
+/// started at once. Container ids start with `tag`, pods are named `pod-<id>`.
+fn round(
+    bench: &Bench,
+    pods: &[Netns],
+    sequential: usize,
+    parallel: usize,
+    tag: &str,
+    label: &str,
+) {
+    // Sequential ADDs, each a new pod.
+    let mut add = Vec::new();
+    let cpu_before = children_cpu();
+    for (i, pod) in pods.iter().take(sequential).enumerate() {
+        let t = Instant::now();
+        Bench::wait(bench.spawn("ADD", pod, &format!("{tag}s{i}")));
+        add.push(t.elapsed());
+    }
+    // CPU time barely depends on what else the machine runs, unlike wall time.
+    println!(
+        "{label}: ADD CPU time (user+sys) {:.1} ms per call",
+        (children_cpu() - cpu_before).as_secs_f64() * 1e3 / sequential.max(1) as f64
+    );
+    if std::env::var_os("CNI_BENCH_VERBOSE").is_some() {
+        let ms: Vec<String> = add
+            .iter()
+            .map(|d| format!("{:.1}", d.as_secs_f64() * 1e3))
+            .collect();
+        println!("ADD latencies (ms, in order): {}", ms.join(" "));
+    }
+    report(&format!("{label}: ADD (sequential)"), add);
+    let mut del = Vec::new();
+    for (i, pod) in pods.iter().take(sequential).enumerate() {
+        let t = Instant::now();
+        Bench::wait(bench.spawn("DEL", pod, &format!("{tag}s{i}")));
+        del.push(t.elapsed());
+    }
+    report(&format!("{label}: DEL (sequential)"), del);
+
+    // A storm: all at once.
+    let t = Instant::now();
+    let children: Vec<Child> = pods
+        .iter()
+        .take(parallel)
+        .enumerate()
+        .map(|(i, pod)| bench.spawn("ADD", pod, &format!("{tag}p{i}")))
+        .collect();
+    for c in children {
+        Bench::wait(c);
+    }
+    let storm = t.elapsed();
+    println!(
+        "{label}: {parallel} simultaneous ADDs: total {:.0} ms ({:.1} ms per pod)",
+        storm.as_secs_f64() * 1e3,
+        storm.as_secs_f64() * 1e3 / parallel as f64
+    );
+    let t = Instant::now();
+    let children: Vec<Child> = pods
+        .iter()
+        .take(parallel)
+        .enumerate()
+        .map(|(i, pod)| bench.spawn("DEL", pod, &format!("{tag}p{i}")))
+        .collect();
+    for c in children {
+        Bench::wait(c);
+    }
+    println!(
+        "{label}: {parallel} simultaneous DELs: total {:.0} ms",
+        t.elapsed().as_secs_f64() * 1e3
     );
 }
 
@@ -135,6 +227,7 @@ fn main() {
     let bench = Bench {
         exe,
         dir: tempfile::tempdir().unwrap(),
+        kubeconfig: None,
     };
     std::fs::write(bench.dir.path().join("nodename"), "bench-node\n").unwrap();
     let pools = bench.dir.path().join("pools.yaml");
@@ -168,61 +261,43 @@ fn main() {
     let pods: Vec<Netns> = (0..sequential.max(parallel))
         .map(|_| Netns::new("bench-pod").unwrap())
         .collect();
+    round(&bench, &pods, sequential, parallel, "a", "config only");
 
-    // Sequential ADDs, each a new pod.
-    let mut add = Vec::new();
-    for (i, pod) in pods.iter().take(sequential).enumerate() {
-        let t = Instant::now();
-        Bench::wait(bench.spawn("ADD", pod, &format!("s{i}")));
-        add.push(t.elapsed());
+    // The same with the Kubernetes pod lookup. Threads inherit the creating thread's network
+    // namespace, so the server listens in the host namespace, where the plugins dial it.
+    let api =
+        margay_apiserver::ApiServer::start(margay_apiserver::ServerOptions::default()).unwrap();
+    let kubeconfig = bench.dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let store = api.store();
+    store
+        .create(
+            margay_apiserver::Gvr::core("namespaces"),
+            "",
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+                               "metadata": {"name": "bench"}}),
+        )
+        .unwrap();
+    for i in 0..sequential.max(parallel) {
+        for id in [format!("ks{i}"), format!("kp{i}")] {
+            store
+                .create(
+                    margay_apiserver::Gvr::core("pods"),
+                    "bench",
+                    serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": format!("pod-{id}"), "namespace": "bench",
+                                     "labels": {"app": "bench", "shard": (i % 8).to_string()}},
+                        "spec": {"nodeName": "bench-node", "serviceAccountName": "bench",
+                                 "containers": [{"name": "c", "image": "busybox"}]}}),
+                )
+                .unwrap();
+        }
     }
-    if std::env::var_os("CNI_BENCH_VERBOSE").is_some() {
-        let ms: Vec<String> = add
-            .iter()
-            .map(|d| format!("{:.1}", d.as_secs_f64() * 1e3))
-            .collect();
-        println!("ADD latencies (ms, in order): {}", ms.join(" "));
-    }
-    report("ADD (sequential)", add);
-    let mut del = Vec::new();
-    for (i, pod) in pods.iter().take(sequential).enumerate() {
-        let t = Instant::now();
-        Bench::wait(bench.spawn("DEL", pod, &format!("s{i}")));
-        del.push(t.elapsed());
-    }
-    report("DEL (sequential)", del);
-
-    // A storm: all at once.
-    let t = Instant::now();
-    let children: Vec<Child> = pods
-        .iter()
-        .take(parallel)
-        .enumerate()
-        .map(|(i, pod)| bench.spawn("ADD", pod, &format!("p{i}")))
-        .collect();
-    for c in children {
-        Bench::wait(c);
-    }
-    let storm = t.elapsed();
-    println!(
-        "{parallel} simultaneous ADDs: total {:.0} ms ({:.1} ms per pod)",
-        storm.as_secs_f64() * 1e3,
-        storm.as_secs_f64() * 1e3 / parallel as f64
-    );
-    let t = Instant::now();
-    let children: Vec<Child> = pods
-        .iter()
-        .take(parallel)
-        .enumerate()
-        .map(|(i, pod)| bench.spawn("DEL", pod, &format!("p{i}")))
-        .collect();
-    for c in children {
-        Bench::wait(c);
-    }
-    println!(
-        "{parallel} simultaneous DELs: total {:.0} ms",
-        t.elapsed().as_secs_f64() * 1e3
-    );
+    let bench = Bench {
+        kubeconfig: Some(kubeconfig),
+        ..bench
+    };
+    round(&bench, &pods, sequential, parallel, "k", "pod lookup");
     // Nothing may be left: the IPAM check must be clean.
     let o = bench
         .cmd(&bench.exe)

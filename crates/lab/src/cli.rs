@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
+use crate::k8s;
 use crate::net::{self, LabError, other};
 use crate::state::{FABRIC_PREFIX, LabState, POD_CIDR, check_name};
 use crate::topology::{Topology, default_topology};
@@ -20,7 +21,22 @@ use crate::topology::{Topology, default_topology};
     long_about = "A real margay cluster on this machine: every node is a network namespace \
 running `margay node startup` and a supervised `margay felix`; pods are namespaces wired by the \
 real CNI plugin, each serving TCP/UDP on its ports. Needs root. Nothing outside the lab's own \
-namespaces (named mgy-<lab>-...) is touched."
+namespaces (named mgy-<lab>-...) is touched.
+
+With `up --datastore kubernetes` the cluster's datastore is a Kubernetes API server (margay's \
+API server double, on 127.0.0.1 of this machine and, forwarded, on 127.0.0.1 of every lab \
+namespace): every node is a Kubernetes Node, namespaces and pods are Kubernetes objects, the lab \
+plays the kubelet (CNI_ARGS with K8S_POD_NAMESPACE/K8S_POD_NAME, pod status), kube-controllers \
+runs, and `kubectl --kubeconfig $(margay lab kubeconfig)` works from this shell.",
+    after_help = "Examples:
+  margay lab up --datastore kubernetes
+  kubectl --kubeconfig $(margay lab kubeconfig) apply -f netpol.yaml
+  margay lab pod add y/d --node node2 --labels pod=d
+  kubectl --kubeconfig $(margay lab kubeconfig) label pod -n y d pod=b --overwrite
+  margay lab matrix --port 80
+  margay lab pod delete y/d
+  margay lab node stop node2; margay lab node start node2
+  margay lab down"
 )]
 pub struct LabArgs {
     #[command(subcommand)]
@@ -39,7 +55,7 @@ pub struct Which {
 }
 
 impl Which {
-    fn dir(&self) -> PathBuf {
+    pub(crate) fn dir(&self) -> PathBuf {
         self.state_dir
             .clone()
             .unwrap_or_else(|| PathBuf::from(crate::state::DEFAULT_STATE_ROOT).join(&self.name))
@@ -59,7 +75,9 @@ pub enum LabCommand {
         /// Nodes for the default topology.
         #[arg(long, default_value_t = 2)]
         nodes: usize,
-        /// local (embedded store, the default) or etcd (a real etcd in the fabric namespace).
+        /// local (embedded store, the default), etcd (a real etcd in the fabric namespace) or
+        /// kubernetes (a Kubernetes API server: Nodes, Namespaces, Pods and NetworkPolicies are
+        /// Kubernetes objects, Calico's kinds custom resources; see `margay lab kubeconfig`).
         #[arg(long, default_value = "local")]
         datastore: String,
         /// Cross-node networking: vxlan (Felix's VXLAN routes) or bird (no encapsulation:
@@ -115,6 +133,32 @@ pub enum LabCommand {
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
     },
+    /// Print the path of the lab's kubeconfig (`--datastore kubernetes`), for
+    /// `kubectl --kubeconfig $(margay lab kubeconfig) get pods -A`.
+    Kubeconfig {
+        #[command(flatten)]
+        which: Which,
+        /// Print the kubeconfig itself (it holds the API server's token) instead of its path.
+        #[arg(long)]
+        content: bool,
+    },
+    /// Run kubectl against the lab's API server: `margay lab kubectl -- get pods -A`.
+    Kubectl {
+        #[command(flatten)]
+        which: Which,
+        #[arg(last = true, required = true)]
+        args: Vec<String>,
+    },
+    /// Add or delete a pod while the lab runs, as a kubelet would.
+    Pod {
+        #[command(subcommand)]
+        command: PodCommand,
+    },
+    /// Stop or start a node's margay roles (Felix; confd and BIRD with --backend bird).
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
+    },
     /// Run a command inside a pod: `margay lab exec x/a -- ip addr`.
     Exec {
         #[command(flatten)]
@@ -141,6 +185,22 @@ pub enum LabCommand {
         /// Policies applying to the server pod for the "with policy" run (its allow last).
         #[arg(long, default_value_t = 200)]
         policies: usize,
+        /// Instead of throughput: create this many pods one after the other, each selected by
+        /// a NetworkPolicy that admits one client pod only, and report how long each took from
+        /// its creation until the client reached it (p50/p90/p99/max); every new pod is also
+        /// checked to refuse another pod.
+        #[arg(long, value_name = "N")]
+        pod_ready: Option<usize>,
+    },
+    /// The lab's Kubernetes API server (started by `up --datastore kubernetes`).
+    #[command(hide = true)]
+    Apiserver {
+        /// Where to write the kubeconfig once everything listens.
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// Namespaces in which to listen on 127.0.0.1 too (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        netns: Vec<String>,
     },
     #[command(hide = true)]
     Serve {
@@ -175,6 +235,58 @@ pub enum LabCommand {
         once: bool,
         #[arg(last = true, required = true)]
         argv: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PodCommand {
+    /// Create a pod and wire it: in a Kubernetes lab the Pod object is created (scheduled on
+    /// the node, its namespace and service account made if missing), the CNI plugin runs with
+    /// the kubelet's CNI_ARGS and the pod's status is reported; otherwise the CNI plugin runs
+    /// with the labels in its configuration. The pod serves TCP/UDP on its ports.
+    Add {
+        #[command(flatten)]
+        which: Which,
+        /// `namespace/name`
+        pod: String,
+        /// The node to run it on (default: the node with the fewest pods).
+        #[arg(long)]
+        node: Option<String>,
+        /// `key=value,...`
+        #[arg(long, default_value = "")]
+        labels: String,
+        /// TCP ports it serves.
+        #[arg(long, value_delimiter = ',', default_value = "80,81")]
+        tcp: Vec<u16>,
+        /// UDP ports it serves.
+        #[arg(long, value_delimiter = ',', default_value = "80,81")]
+        udp: Vec<u16>,
+    },
+    /// Delete a pod as a kubelet does: CNI DEL (its addresses released, its endpoint gone),
+    /// its processes and namespace removed, then (Kubernetes lab) the Pod object deleted.
+    Delete {
+        #[command(flatten)]
+        which: Which,
+        /// `namespace/name`
+        pod: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Stop the node's roles (SIGTERM, then SIGKILL after 5 s), as when calico-node stops:
+    /// the dataplane stays as it was programmed, pods keep running, the Node object is kept.
+    Stop {
+        #[command(flatten)]
+        which: Which,
+        node: String,
+    },
+    /// Start the node's roles again: `margay node startup`, then Felix (and confd and BIRD);
+    /// returns once Felix is in sync.
+    Start {
+        #[command(flatten)]
+        which: Which,
+        node: String,
     },
 }
 
@@ -224,6 +336,29 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             command,
         } => exec_cmd(&which, &pod, &command),
         LabCommand::Ctl { which, args } => ctl_cmd(&which, &args),
+        LabCommand::Kubeconfig { which, content } => kubeconfig_cmd(&which, content, out),
+        LabCommand::Kubectl { which, args } => kubectl_cmd(&which, &args),
+        LabCommand::Pod {
+            command:
+                PodCommand::Add {
+                    which,
+                    pod,
+                    node,
+                    labels,
+                    tcp,
+                    udp,
+                },
+        } => crate::ops::pod_add_cmd(&which, &pod, node.as_deref(), &labels, &tcp, &udp, out),
+        LabCommand::Pod {
+            command: PodCommand::Delete { which, pod },
+        } => crate::ops::pod_delete_cmd(&which, &pod, out),
+        LabCommand::Node {
+            command: NodeCommand::Stop { which, node },
+        } => crate::ops::node_stop_cmd(&which, &node, out),
+        LabCommand::Node {
+            command: NodeCommand::Start { which, node },
+        } => crate::ops::node_start_cmd(&which, &node, out),
+        LabCommand::Apiserver { kubeconfig, netns } => crate::kube::serve(&kubeconfig, &netns),
         LabCommand::Serve { name, tcp, udp } => net::serve(&name, &tcp, &udp, None).map(|()| 0),
         LabCommand::Connect {
             to,
@@ -257,8 +392,14 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         ),
         LabCommand::Bench {
             which,
+            pod_ready: Some(n),
+            ..
+        } => crate::ops::pod_ready_bench(&which, n, out),
+        LabCommand::Bench {
+            which,
             secs,
             policies,
+            pod_ready: None,
         } => bench(&which, secs, policies, out),
         LabCommand::Supervise {
             pid_file,
@@ -280,7 +421,7 @@ fn exe() -> Result<PathBuf, LabError> {
     std::env::current_exe().map_err(|e| other(format!("cannot find the margay binary: {e}")))
 }
 
-fn load(which: &Which) -> Result<LabState, LabError> {
+pub(crate) fn load(which: &Which) -> Result<LabState, LabError> {
     check_name(&which.name).map_err(other)?;
     LabState::load(&which.dir()).map_err(|e| {
         other(format!(
@@ -293,7 +434,7 @@ fn load(which: &Which) -> Result<LabState, LabError> {
 }
 
 /// `margay` inside a namespace, with the lab's datastore in its environment.
-fn margay_in(st: &LabState, ns: &str) -> Result<Command, LabError> {
+pub(crate) fn margay_in(st: &LabState, ns: &str) -> Result<Command, LabError> {
     let mut c = net::in_netns(ns, exe()?);
     for (k, v) in st.datastore_env() {
         c.env(k, v);
@@ -375,9 +516,9 @@ fn up(
 ) -> Result<u8, LabError> {
     let (backend, tor) = (networking.backend, networking.tor);
     check_name(&which.name).map_err(other)?;
-    if !matches!(datastore, "local" | "etcd") {
+    if !matches!(datastore, "local" | "etcd" | "kubernetes") {
         return Err(other(format!(
-            "--datastore {datastore:?}: use local (embedded store) or etcd"
+            "--datastore {datastore:?}: use local (embedded store), etcd or kubernetes (a Kubernetes API server)"
         )));
     }
     if !matches!(backend, "vxlan" | "bird") {
@@ -414,7 +555,9 @@ fn up(
     let _ = std::fs::remove_dir_all(&dir);
     st.save()
         .map_err(|e| other(format!("{}: {e}", dir.display())))?;
-    let progress = Progress::new(6 + st.pods.len() as u64 + 2 * u64::from(backend == "bird"));
+    let progress = Progress::new(
+        6 + st.pods.len() as u64 + 2 * u64::from(backend == "bird") + u64::from(st.is_kubernetes()),
+    );
     let result = build(st, &progress, err);
     progress.finish();
     match result {
@@ -530,90 +673,255 @@ fn build(
     progress.step(err, "namespaces and fabric");
 
     // The datastore.
-    if st.datastore == "etcd" {
-        let dir = st.dir.join("etcd");
-        std::fs::create_dir_all(&dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
-        let url = format!("http://{FABRIC_PREFIX}.1:2379");
-        let argv: Vec<String> = [
-            "ip",
-            "netns",
-            "exec",
-            &fabric,
-            "etcd",
-            "--name",
-            "lab",
-            "--data-dir",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([
-            dir.join("data").display().to_string(),
-            "--listen-client-urls".into(),
-            url.clone(),
-            "--advertise-client-urls".into(),
-            url,
-            "--listen-peer-urls".into(),
-            "http://127.0.0.1:2380".into(),
-            "--initial-advertise-peer-urls".into(),
-            "http://127.0.0.1:2380".into(),
-            "--initial-cluster".into(),
-            "lab=http://127.0.0.1:2380".into(),
-        ])
-        .collect();
-        net::spawn_supervised(
-            &exe,
-            &dir.join("etcd.pid"),
-            &dir.join("etcd.log"),
-            true,
-            &[],
-            &argv,
-        )?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let mut c = margay_in(&st, &fabric)?;
-            c.args(["ctl", "get", "ippools"]);
-            if net::run(&mut c).is_ok() {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(other(
-                    "etcd did not come up within 30 s (see etcd/etcd.log)",
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(200));
+    let api = match st.datastore.as_str() {
+        "etcd" => {
+            start_etcd(&st, &exe)?;
+            None
         }
-    }
+        "kubernetes" => Some(start_apiserver(&st, &exe)?),
+        _ => None,
+    };
     progress.step(err, "datastore");
+    if let Some(api) = &api {
+        // What the cluster's installer, controllers and kubelets make before any network
+        // plugin runs: kubeadm's configuration, every node registered (NotReady: no CNI
+        // configuration yet), the namespaces with their default service accounts.
+        api.ensure(&crate::kube::CONFIGMAPS, &k8s::kubeadm_config(POD_CIDR))?;
+        for node in &st.nodes {
+            api.create(&crate::kube::NODES, &k8s::node(&node.name, &node.ip, false))?;
+        }
+        for ns in &st.topology.namespaces {
+            ensure_namespace(api, ns)?;
+        }
+        progress.step(err, "Kubernetes Nodes and Namespaces");
+    }
 
     // Node start-up (the first node creates the pool).
     for node in &st.nodes {
-        let dir = st.node_dir(&node.name);
-        let mut c = margay_in(&st, &node.netns)?;
-        c.args(["node", "startup", "--root"])
-            .arg(dir.join("root"))
-            .env("NODENAME", &node.name)
-            .env("IP", "autodetect")
-            .env("IP_AUTODETECTION_METHOD", "interface=eth0")
-            .env("IP6", "none")
-            .env("CALICO_IPV4POOL_CIDR", POD_CIDR)
-            .env(
-                "CALICO_IPV4POOL_VXLAN",
-                if bird { "Never" } else { "Always" },
-            )
-            .env("CALICO_IPV4POOL_IPIP", "Never")
-            .env("CALICO_IPV4POOL_NAT_OUTGOING", "true")
-            .env(
-                "CALICO_NETWORKING_BACKEND",
-                if bird { "bird" } else { "vxlan" },
-            )
-            .env("CALICO_STARTUP_LOGLEVEL", "warning");
-        net::run(&mut c).map_err(|e| other(format!("node start-up of {}: {e}", node.name)))?;
+        node_startup(&st, node)?;
     }
     progress.step(err, "node start-up");
 
-    // Namespaces as Calico represents Kubernetes namespaces: profiles kns.<ns>.
+    if api.is_none() {
+        // Namespaces as Calico represents Kubernetes namespaces: profiles kns.<ns> (in the
+        // Kubernetes datastore they are the Namespaces themselves).
+        apply_yaml(&st, &namespace_profiles(&st.topology.namespaces))?;
+    }
+    progress.step(err, "namespaces (profiles)");
+
+    if let Some(tor) = &st.tor {
+        start_tor(&st, tor, &exe)?;
+    }
+    for node in &st.nodes {
+        start_felix(&st, node, &exe)?;
+        if bird {
+            start_confd(&st, node, &exe)?;
+        }
+        if api.is_some() {
+            start_network_condition(&st, node, &exe)?;
+        }
+    }
+    if bird {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for node in &st.nodes {
+            start_bird(&st, node, &exe, deadline)?;
+        }
+        progress.step(err, "confd and BIRD on every node");
+    }
+    wait_felix(&st, Duration::from_secs(60))?;
+    progress.step(err, "felix in sync on every node");
+    if let Some(api) = &api {
+        // Calico's CNI configuration is in place once calico-node runs: the kubelets report
+        // their nodes Ready. The cluster's controllers start.
+        for node in &st.nodes {
+            api.patch_status(
+                &crate::kube::NODES,
+                None,
+                &node.name,
+                &k8s::node_ready_patch(true),
+            )?;
+        }
+        start_kube_controllers(&st, &exe)?;
+    }
+    if bird {
+        let took = crate::bgp::wait_established(&st, Duration::from_secs(60))?;
+        timings.push(format!(
+            "BGP: every node's {} sessions established {:.2} s after BIRD started",
+            crate::bgp::expected_sessions(&st),
+            took.as_secs_f64()
+        ));
+        progress.step(err, "BGP sessions established");
+    }
+
+    // Pods, wired by the CNI plugin exactly as a runtime would.
+    for i in 0..st.pods.len() {
+        let id = st.pods[i].id.clone();
+        wire_pod(&mut st, i, api.as_ref())?;
+        progress.step(err, &format!("pod {id}"));
+    }
+    wait_felix(&st, Duration::from_secs(60))?;
+    if bird {
+        let took = crate::bgp::wait_routes(&st, Duration::from_secs(60))?;
+        timings.push(format!(
+            "BGP: every node has BIRD routes to the other nodes' pod blocks ({:.2} s after the last pod)",
+            took.as_secs_f64()
+        ));
+    }
+    progress.step(err, "ready");
+    st.save().map_err(|e| other(e.to_string()))?;
+    Ok((st, timings))
+}
+
+/// The lab's etcd, in the fabric namespace; returns once it answers.
+fn start_etcd(st: &LabState, exe: &Path) -> Result<(), LabError> {
+    let fabric = st.fabric_netns();
+    let dir = st.dir.join("etcd");
+    std::fs::create_dir_all(&dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
+    let url = format!("http://{FABRIC_PREFIX}.1:2379");
+    let argv: Vec<String> = [
+        "ip",
+        "netns",
+        "exec",
+        &fabric,
+        "etcd",
+        "--name",
+        "lab",
+        "--data-dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        dir.join("data").display().to_string(),
+        "--listen-client-urls".into(),
+        url.clone(),
+        "--advertise-client-urls".into(),
+        url,
+        "--listen-peer-urls".into(),
+        "http://127.0.0.1:2380".into(),
+        "--initial-advertise-peer-urls".into(),
+        "http://127.0.0.1:2380".into(),
+        "--initial-cluster".into(),
+        "lab=http://127.0.0.1:2380".into(),
+    ])
+    .collect();
+    net::spawn_supervised(
+        exe,
+        &dir.join("etcd.pid"),
+        &dir.join("etcd.log"),
+        true,
+        &[],
+        &argv,
+    )?;
+    wait_datastore(st, "etcd did not come up within 30 s (see etcd/etcd.log)")
+}
+
+/// Waits (30 s at most) until `margay ctl` reaches the datastore from the fabric namespace.
+fn wait_datastore(st: &LabState, failure: &str) -> Result<(), LabError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut c = margay_in(st, &st.fabric_netns())?;
+        c.args(["ctl", "get", "ippools"]);
+        let r = net::run(&mut c);
+        match r {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => return Err(other(format!("{failure}: {e}"))),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+        }
+    }
+}
+
+/// The lab's Kubernetes API server (`margay lab apiserver`, see [`crate::kube`]): on 127.0.0.1
+/// of this namespace and, forwarded, of the fabric's and every node's; returns the lab's
+/// client once the kubeconfig is written and the API answers from the fabric namespace.
+fn start_apiserver(st: &LabState, exe: &Path) -> Result<crate::kube::Api, LabError> {
+    let dir = st.dir.join("apiserver");
+    std::fs::create_dir_all(&dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
+    let namespaces: Vec<String> = std::iter::once(st.fabric_netns())
+        .chain(st.nodes.iter().map(|n| n.netns.clone()))
+        .collect();
+    let argv = vec![
+        exe.display().to_string(),
+        "--log-level".into(),
+        "info".into(),
+        "lab".into(),
+        "apiserver".into(),
+        "--kubeconfig".into(),
+        st.kubeconfig().display().to_string(),
+        "--netns".into(),
+        namespaces.join(","),
+    ];
+    // Not restarted: the server keeps its objects in memory, a new one would be empty.
+    net::spawn_supervised(
+        exe,
+        &dir.join("apiserver.pid"),
+        &dir.join("apiserver.log"),
+        false,
+        &[],
+        &argv,
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !st.kubeconfig().exists() {
+        if Instant::now() > deadline {
+            return Err(other(format!(
+                "the API server wrote no {} within 30 s (see {})",
+                st.kubeconfig().display(),
+                dir.join("apiserver.log").display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_datastore(
+        st,
+        "the Kubernetes API did not answer within 30 s (see apiserver/apiserver.log)",
+    )?;
+    crate::kube::Api::connect(&st.kubeconfig())
+}
+
+/// A Namespace and its `default` ServiceAccount, unless they exist.
+pub(crate) fn ensure_namespace(
+    api: &crate::kube::Api,
+    ns: &crate::topology::NamespaceSpec,
+) -> Result<(), LabError> {
+    api.ensure(&crate::kube::NAMESPACES, &k8s::namespace(ns))?;
+    api.ensure(
+        &crate::kube::SERVICE_ACCOUNTS,
+        &k8s::service_account(&ns.name),
+    )
+}
+
+/// `margay kube-controllers`, supervised, in the fabric namespace (the control plane's host).
+fn start_kube_controllers(st: &LabState, exe: &Path) -> Result<(), LabError> {
+    let dir = st.dir.join("kube-controllers");
+    std::fs::create_dir_all(&dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
+    let mut env = st.datastore_env();
+    env.extend([
+        ("LOG_LEVEL".to_string(), "info".to_string()),
+        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+    ]);
+    let argv = vec![
+        "ip".to_string(),
+        "netns".into(),
+        "exec".into(),
+        st.fabric_netns(),
+        exe.display().to_string(),
+        "kube-controllers".into(),
+        "--status-file".into(),
+        dir.join("status.json").display().to_string(),
+    ];
+    net::spawn_supervised(
+        exe,
+        &dir.join("kube-controllers.pid"),
+        &dir.join("kube-controllers.log"),
+        true,
+        &env,
+        &argv,
+    )
+}
+
+/// Profiles `kns.<ns>`, as Calico makes them of Kubernetes Namespaces (local and etcd labs).
+pub(crate) fn namespace_profiles(namespaces: &[crate::topology::NamespaceSpec]) -> String {
     let mut yaml = String::new();
-    for ns in &st.topology.namespaces {
+    for ns in namespaces {
         let mut labels = ns.labels.clone();
         labels.insert("kubernetes.io/metadata.name".into(), ns.name.clone());
         let apply: Vec<String> = labels
@@ -630,214 +938,296 @@ fn build(
             apply.join("\n")
         ));
     }
-    apply_yaml(&st, &yaml)?;
-    progress.step(err, "namespaces (profiles)");
-
-    // Felix on every node, supervised.
-    for node in &st.nodes {
-        let dir = st.node_dir(&node.name);
-        let mut env = st.datastore_env();
-        env.extend([
-            ("FELIX_FELIXHOSTNAME".to_string(), node.name.clone()),
-            ("FELIX_HEALTHENABLED".into(), "true".into()),
-            ("FELIX_LOGSEVERITYSCREEN".into(), "Info".into()),
-            // Each node logs to its own file; the machine's syslog is not the lab's.
-            ("FELIX_LOGSEVERITYSYS".into(), "none".into()),
-            (
-                "FELIX_ENDPOINTSTATUSPATHPREFIX".into(),
-                dir.join("status").display().to_string(),
-            ),
-            ("MARGAY_DATAPLANE".into(), "linux".into()),
-            // Each node's pod MTU (Calico's /var/lib/calico/mtu) in the node's directory.
-            (
-                "MARGAY_MTU_FILE".into(),
-                dir.join("mtu").display().to_string(),
-            ),
-            ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-        ]);
-        let argv = vec![
-            "ip".to_string(),
-            "netns".into(),
-            "exec".into(),
-            node.netns.clone(),
-            exe.display().to_string(),
-            "felix".into(),
-            "run".into(),
-            "--status-socket".into(),
-            dir.join("felix.sock").display().to_string(),
-        ];
-        net::spawn_supervised(
-            &exe,
-            &dir.join("felix.pid"),
-            &dir.join("felix.log"),
-            true,
-            &env,
-            &argv,
-        )?;
-    }
-    if bird {
-        start_bgp(&st, &exe)?;
-        progress.step(err, "confd and BIRD on every node");
-    }
-    wait_felix(&st, Duration::from_secs(60))?;
-    progress.step(err, "felix in sync on every node");
-    if bird {
-        let took = crate::bgp::wait_established(&st, Duration::from_secs(60))?;
-        timings.push(format!(
-            "BGP: every node's {} sessions established {:.2} s after BIRD started",
-            crate::bgp::expected_sessions(&st),
-            took.as_secs_f64()
-        ));
-        progress.step(err, "BGP sessions established");
-    }
-
-    // Pods, wired by the CNI plugin exactly as a runtime would.
-    for i in 0..st.pods.len() {
-        let pod = st.pods[i].clone();
-        let spec = st
-            .topology
-            .pod(&pod.id)
-            .cloned()
-            .ok_or_else(|| other(format!("pod {} vanished from the topology", pod.id)))?;
-        net::add_netns(&pod.netns)?;
-        let ip = cni(&st, &pod, &spec, "ADD")?;
-        add_named_ports(&st, &spec)?;
-        st.pods[i].ip = Some(ip);
-        st.save().map_err(|e| other(e.to_string()))?;
-        let pods_dir = st.dir.join("pods");
-        std::fs::create_dir_all(&pods_dir).map_err(|e| other(e.to_string()))?;
-        let base = format!("{}-{}", spec.namespace, spec.name);
-        let mut argv = vec![
-            "ip".to_string(),
-            "netns".into(),
-            "exec".into(),
-            pod.netns.clone(),
-            exe.display().to_string(),
-            "lab".into(),
-            "serve".into(),
-            "--name".into(),
-            pod.id.clone(),
-        ];
-        if !spec.tcp.is_empty() {
-            argv.push("--tcp".into());
-            argv.push(
-                spec.tcp
-                    .iter()
-                    .map(u16::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            );
-        }
-        if !spec.udp.is_empty() {
-            argv.push("--udp".into());
-            argv.push(
-                spec.udp
-                    .iter()
-                    .map(u16::to_string)
-                    .collect::<Vec<_>>()
-                    .join(","),
-            );
-        }
-        net::spawn_supervised(
-            &exe,
-            &pods_dir.join(format!("{base}.pid")),
-            &pods_dir.join(format!("{base}.log")),
-            true,
-            &[],
-            &argv,
-        )?;
-        progress.step(err, &format!("pod {}", pod.id));
-    }
-    wait_felix(&st, Duration::from_secs(60))?;
-    if bird {
-        let took = crate::bgp::wait_routes(&st, Duration::from_secs(60))?;
-        timings.push(format!(
-            "BGP: every node has BIRD routes to the other nodes' pod blocks ({:.2} s after the last pod)",
-            took.as_secs_f64()
-        ));
-    }
-    progress.step(err, "ready");
-    st.save().map_err(|e| other(e.to_string()))?;
-    Ok((st, timings))
+    yaml
 }
 
-/// BGP backend: the ToR's BIRD, then per node `margay confd` (supervised) and, once confd
-/// has written its first bird.cfg, BIRD (supervised, in the node's namespace, foreground).
-fn start_bgp(st: &LabState, exe: &Path) -> Result<(), LabError> {
-    if let Some(tor) = &st.tor {
-        apply_yaml(st, &crate::bgp::tor_peer_yaml(tor))?;
-        let dir = st.tor_dir();
-        std::fs::create_dir_all(&dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
-        let cfg = dir.join("bird.cfg");
-        std::fs::write(&cfg, crate::bgp::tor_config(tor, &st.nodes))
-            .map_err(|e| other(format!("{}: {e}", cfg.display())))?;
-        net::spawn_supervised(
-            exe,
-            &dir.join("bird.pid"),
-            &dir.join("bird.log"),
-            true,
-            &[],
-            &bird_argv(&tor.netns, &dir),
-        )?;
+/// `margay node startup` in the node's namespace, as calico-node runs it at every start.
+pub(crate) fn node_startup(st: &LabState, node: &crate::state::NodeState) -> Result<(), LabError> {
+    let bird = st.backend == "bird";
+    let dir = st.node_dir(&node.name);
+    let mut c = margay_in(st, &node.netns)?;
+    c.args(["node", "startup", "--root"])
+        .arg(dir.join("root"))
+        .env("NODENAME", &node.name)
+        .env("IP", "autodetect")
+        .env("IP6", "none")
+        .env(
+            "CALICO_IPV4POOL_VXLAN",
+            if bird { "Never" } else { "Always" },
+        )
+        .env("CALICO_IPV4POOL_IPIP", "Never")
+        .env("CALICO_IPV4POOL_NAT_OUTGOING", "true")
+        .env(
+            "CALICO_NETWORKING_BACKEND",
+            if bird { "bird" } else { "vxlan" },
+        )
+        .env("CALICO_STARTUP_LOGLEVEL", "warning");
+    if st.is_kubernetes() {
+        // As on a cluster: the address the kubelet registered (the Node's InternalIP), and
+        // the pool from kubeadm's podSubnet (kube-system/kubeadm-config, made by `up`).
+        c.env("IP_AUTODETECTION_METHOD", "kubernetes-internal-ip");
+    } else {
+        c.env("IP_AUTODETECTION_METHOD", "interface=eth0")
+            .env("CALICO_IPV4POOL_CIDR", POD_CIDR);
     }
-    for node in &st.nodes {
-        let dir = st.node_dir(&node.name);
-        let confd_dir = dir.join("confd");
-        std::fs::create_dir_all(&confd_dir)
-            .map_err(|e| other(format!("{}: {e}", confd_dir.display())))?;
-        let mut env = st.datastore_env();
-        env.extend([
-            ("NODENAME".to_string(), node.name.clone()),
-            ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-        ]);
-        let argv: Vec<String> = vec![
-            "ip".into(),
-            "netns".into(),
-            "exec".into(),
-            node.netns.clone(),
-            exe.display().to_string(),
-            "confd".into(),
-            "--nodename".into(),
-            node.name.clone(),
-            "--config-dir".into(),
-            confd_dir.display().to_string(),
+    net::run(&mut c)
+        .map(drop)
+        .map_err(|e| other(format!("node start-up of {}: {e}", node.name)))
+}
+
+/// Felix on a node, supervised.
+pub(crate) fn start_felix(
+    st: &LabState,
+    node: &crate::state::NodeState,
+    exe: &Path,
+) -> Result<(), LabError> {
+    let dir = st.node_dir(&node.name);
+    let mut env = st.datastore_env();
+    env.extend([
+        ("FELIX_FELIXHOSTNAME".to_string(), node.name.clone()),
+        ("FELIX_HEALTHENABLED".into(), "true".into()),
+        ("FELIX_LOGSEVERITYSCREEN".into(), "Info".into()),
+        // Each node logs to its own file; the machine's syslog is not the lab's.
+        ("FELIX_LOGSEVERITYSYS".into(), "none".into()),
+        (
+            "FELIX_ENDPOINTSTATUSPATHPREFIX".into(),
+            dir.join("status").display().to_string(),
+        ),
+        ("MARGAY_DATAPLANE".into(), "linux".into()),
+        // Each node's pod MTU (Calico's /var/lib/calico/mtu) in the node's directory.
+        (
+            "MARGAY_MTU_FILE".into(),
+            dir.join("mtu").display().to_string(),
+        ),
+        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+    ]);
+    let argv = vec![
+        "ip".to_string(),
+        "netns".into(),
+        "exec".into(),
+        node.netns.clone(),
+        exe.display().to_string(),
+        "felix".into(),
+        "run".into(),
+        "--status-socket".into(),
+        dir.join("felix.sock").display().to_string(),
+    ];
+    net::spawn_supervised(
+        exe,
+        &dir.join("felix.pid"),
+        &dir.join("felix.log"),
+        true,
+        &env,
+        &argv,
+    )
+}
+
+/// Kubernetes lab: `margay node network-condition` on a node (supervised), which clears the
+/// Node's NetworkUnavailable once Felix (and BIRD) are ready and sets it when stopped.
+pub(crate) fn start_network_condition(
+    st: &LabState,
+    node: &crate::state::NodeState,
+    exe: &Path,
+) -> Result<(), LabError> {
+    let dir = st.node_dir(&node.name);
+    let bird = st.backend == "bird";
+    let mut env = st.datastore_env();
+    env.extend([
+        ("NODENAME".to_string(), node.name.clone()),
+        (
+            "CALICO_NETWORKING_BACKEND".into(),
+            if bird { "bird" } else { "vxlan" }.into(),
+        ),
+        ("FELIX_HEALTHENABLED".into(), "true".into()),
+        ("MARGAY_LOG_LEVEL".into(), "info".into()),
+        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+    ]);
+    let mut argv = vec![
+        "ip".to_string(),
+        "netns".into(),
+        "exec".into(),
+        node.netns.clone(),
+        exe.display().to_string(),
+        "node".into(),
+        "network-condition".into(),
+        "--root".into(),
+        dir.join("root").display().to_string(),
+    ];
+    if bird {
+        argv.extend([
             "--bird-socket".into(),
             st.bird_socket(&node.name).display().to_string(),
-            "--bird6-socket".into(),
-            dir.join("bird6.ctl").display().to_string(),
-        ];
-        net::spawn_supervised(
-            exe,
-            &dir.join("confd.pid"),
-            &dir.join("confd.log"),
-            true,
-            &env,
-            &argv,
-        )?;
+        ]);
     }
-    // BIRD reads the file confd rendered; confd tells it to reconfigure on every change.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for node in &st.nodes {
-        let dir = st.node_dir(&node.name);
-        let cfg = dir.join("confd").join("bird.cfg");
-        while !cfg.exists() {
-            if Instant::now() > deadline {
-                return Err(other(format!(
-                    "margay confd on {} wrote no {} within 30 s (see {})",
-                    node.name,
-                    cfg.display(),
-                    dir.join("confd.log").display()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    net::spawn_supervised(
+        exe,
+        &dir.join("network-condition.pid"),
+        &dir.join("network-condition.log"),
+        true,
+        &env,
+        &argv,
+    )
+}
+
+/// The ToR's BIRD (BGP backend with --tor) and the BGPPeer that makes every node peer with it.
+fn start_tor(st: &LabState, tor: &crate::state::TorState, exe: &Path) -> Result<(), LabError> {
+    apply_yaml(st, &crate::bgp::tor_peer_yaml(tor))?;
+    let dir = st.tor_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
+    let cfg = dir.join("bird.cfg");
+    std::fs::write(&cfg, crate::bgp::tor_config(tor, &st.nodes))
+        .map_err(|e| other(format!("{}: {e}", cfg.display())))?;
+    net::spawn_supervised(
+        exe,
+        &dir.join("bird.pid"),
+        &dir.join("bird.log"),
+        true,
+        &[],
+        &bird_argv(&tor.netns, &dir),
+    )
+}
+
+/// BGP backend: `margay confd` on a node (supervised).
+pub(crate) fn start_confd(
+    st: &LabState,
+    node: &crate::state::NodeState,
+    exe: &Path,
+) -> Result<(), LabError> {
+    let dir = st.node_dir(&node.name);
+    let confd_dir = dir.join("confd");
+    std::fs::create_dir_all(&confd_dir)
+        .map_err(|e| other(format!("{}: {e}", confd_dir.display())))?;
+    let mut env = st.datastore_env();
+    env.extend([
+        ("NODENAME".to_string(), node.name.clone()),
+        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+    ]);
+    let argv: Vec<String> = vec![
+        "ip".into(),
+        "netns".into(),
+        "exec".into(),
+        node.netns.clone(),
+        exe.display().to_string(),
+        "confd".into(),
+        "--nodename".into(),
+        node.name.clone(),
+        "--config-dir".into(),
+        confd_dir.display().to_string(),
+        "--bird-socket".into(),
+        st.bird_socket(&node.name).display().to_string(),
+        "--bird6-socket".into(),
+        dir.join("bird6.ctl").display().to_string(),
+    ];
+    net::spawn_supervised(
+        exe,
+        &dir.join("confd.pid"),
+        &dir.join("confd.log"),
+        true,
+        &env,
+        &argv,
+    )
+}
+
+/// BGP backend: BIRD on a node (supervised, in the node's namespace, foreground), once confd
+/// has written its bird.cfg (confd tells it to reconfigure on every change).
+pub(crate) fn start_bird(
+    st: &LabState,
+    node: &crate::state::NodeState,
+    exe: &Path,
+    deadline: Instant,
+) -> Result<(), LabError> {
+    let dir = st.node_dir(&node.name);
+    let cfg = dir.join("confd").join("bird.cfg");
+    while !cfg.exists() {
+        if Instant::now() > deadline {
+            return Err(other(format!(
+                "margay confd on {} wrote no {} in time (see {})",
+                node.name,
+                cfg.display(),
+                dir.join("confd.log").display()
+            )));
         }
-        net::spawn_supervised(
-            exe,
-            &dir.join("bird.pid"),
-            &dir.join("bird.log"),
-            true,
-            &[],
-            &bird_argv(&node.netns, &dir),
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    net::spawn_supervised(
+        exe,
+        &dir.join("bird.pid"),
+        &dir.join("bird.log"),
+        true,
+        &[],
+        &bird_argv(&node.netns, &dir),
+    )
+}
+
+/// Makes pod `st.pods[i]` run as a runtime (and, in a Kubernetes lab, a kubelet) would: its
+/// namespace, (Kubernetes) the Pod object, CNI ADD, the server in it, (Kubernetes) its
+/// status; (otherwise) the endpoint's named ports. Saves the state with its address.
+pub(crate) fn wire_pod(
+    st: &mut LabState,
+    i: usize,
+    api: Option<&crate::kube::Api>,
+) -> Result<(), LabError> {
+    let exe = exe()?;
+    let pod = st.pods[i].clone();
+    let spec = st
+        .topology
+        .pod(&pod.id)
+        .cloned()
+        .ok_or_else(|| other(format!("pod {} vanished from the topology", pod.id)))?;
+    let node_ip = st
+        .node(&pod.node)
+        .map(|n| n.ip.clone())
+        .ok_or_else(|| other(format!("pod {} is on unknown node {}", pod.id, pod.node)))?;
+    net::add_netns(&pod.netns)?;
+    if let Some(api) = api {
+        api.create(&crate::kube::PODS, &k8s::pod(&spec, &pod.node))?;
+    }
+    let ip = cni(st, &pod, &spec, "ADD")?;
+    if api.is_none() {
+        add_named_ports(st, &spec)?;
+    }
+    st.pods[i].ip = Some(ip.clone());
+    st.save().map_err(|e| other(e.to_string()))?;
+    let pods_dir = st.dir.join("pods");
+    std::fs::create_dir_all(&pods_dir).map_err(|e| other(e.to_string()))?;
+    let base = pod.file_base();
+    let mut argv = vec![
+        "ip".to_string(),
+        "netns".into(),
+        "exec".into(),
+        pod.netns.clone(),
+        exe.display().to_string(),
+        "lab".into(),
+        "serve".into(),
+        "--name".into(),
+        pod.id.clone(),
+    ];
+    for (flag, ports) in [("--tcp", &spec.tcp), ("--udp", &spec.udp)] {
+        if !ports.is_empty() {
+            argv.push(flag.into());
+            argv.push(
+                ports
+                    .iter()
+                    .map(u16::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+    }
+    net::spawn_supervised(
+        &exe,
+        &pods_dir.join(format!("{base}.pid")),
+        &pods_dir.join(format!("{base}.log")),
+        true,
+        &[],
+        &argv,
+    )?;
+    if let Some(api) = api {
+        api.patch_status(
+            &crate::kube::PODS,
+            Some(&spec.namespace),
+            &spec.name,
+            &k8s::pod_running_patch(&ip, &node_ip, &pod.container_id),
         )?;
     }
     Ok(())
@@ -916,22 +1306,17 @@ fn add_named_ports(st: &LabState, spec: &crate::topology::PodSpec) -> Result<(),
     apply_yaml(st, &wep.to_string())
 }
 
-/// Runs the CNI plugin for a pod (ADD returns the pod's address).
-fn cni(
+/// The network configuration the lab's runtime hands the CNI plugin on `node`: no MTU (the
+/// plugin takes the one Felix wrote), the node's own files, the datastore; in a Kubernetes lab
+/// the plugin entry of `deploy/config.yaml`'s conflist (Kubernetes datastore through the lab's
+/// kubeconfig, `policy: k8s`: the pod's labels and service account come from the API), else
+/// the pod's labels in `args.cni` (CNI conventions).
+fn cni_conf(
     st: &LabState,
-    pod: &crate::state::PodState,
+    node: &crate::state::NodeState,
     spec: &crate::topology::PodSpec,
-    command: &str,
-) -> Result<String, LabError> {
-    let node = st
-        .node(&pod.node)
-        .ok_or_else(|| other(format!("pod {} is on unknown node {}", pod.id, pod.node)))?;
+) -> Value {
     let dir = st.node_dir(&node.name);
-    let labels: Vec<Value> = spec
-        .labels
-        .iter()
-        .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
-        .collect();
     let mut conf = serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "k8s-pod-network",
@@ -944,16 +1329,32 @@ fn cni(
         "ipam_lock_file": dir.join("ipam.lock").display().to_string(),
         "endpoint_status_dir": dir.join("status/endpoint-status").display().to_string(),
         "policy_setup_timeout_seconds": 10,
-        "args": {"cni": {"labels": labels}},
     });
     let ds: BTreeMap<String, String> = st.datastore_env().into_iter().collect();
+    let labels: Vec<Value> = spec
+        .labels
+        .iter()
+        .map(|(k, v)| serde_json::json!({"key": k, "value": v}))
+        .collect();
     if let Value::Object(o) = &mut conf {
         match ds.get("DATASTORE_TYPE").map(String::as_str) {
+            Some("kubernetes") => {
+                o.insert("datastore_type".into(), "kubernetes".into());
+                o.insert("policy".into(), serde_json::json!({"type": "k8s"}));
+                o.insert(
+                    "kubernetes".into(),
+                    serde_json::json!({"kubeconfig": st.kubeconfig().display().to_string()}),
+                );
+            }
             Some("etcdv3") => {
                 o.insert("datastore_type".into(), "etcdv3".into());
                 o.insert(
                     "etcd_endpoints".into(),
                     ds.get("ETCD_ENDPOINTS").cloned().unwrap_or_default().into(),
+                );
+                o.insert(
+                    "args".into(),
+                    serde_json::json!({"cni": {"labels": labels}}),
                 );
             }
             _ => {
@@ -962,12 +1363,35 @@ fn cni(
                     "datastore_path".into(),
                     ds.get("DATASTORE_PATH").cloned().unwrap_or_default().into(),
                 );
+                o.insert(
+                    "args".into(),
+                    serde_json::json!({"cni": {"labels": labels}}),
+                );
             }
         }
     }
+    conf
+}
+
+/// How long one CNI plugin call may take (it waits up to 10 s for Felix's endpoint status).
+const CNI_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs the CNI plugin for a pod as a kubelet's runtime does (CNI_* variables and nothing else
+/// but PATH, CNI_ARGS with the pod's namespace, name and sandbox); ADD returns the pod's address.
+pub(crate) fn cni(
+    st: &LabState,
+    pod: &crate::state::PodState,
+    spec: &crate::topology::PodSpec,
+    command: &str,
+) -> Result<String, LabError> {
+    let node = st
+        .node(&pod.node)
+        .ok_or_else(|| other(format!("pod {} is on unknown node {}", pod.id, pod.node)))?;
+    let dir = st.node_dir(&node.name);
+    let conf = cni_conf(st, node, spec);
     let exe = exe()?;
-    let mut child = net::in_netns(&node.netns, &exe)
-        .env_clear()
+    let mut c = net::in_netns(&node.netns, &exe);
+    c.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("CNI_COMMAND", command)
         // No MTU in the network config: the plugin takes the one Felix detected.
@@ -977,25 +1401,15 @@ fn cni(
         .env("CNI_IFNAME", "eth0")
         .env(
             "CNI_PATH",
-            exe.parent().map(|p| p.display().to_string()).unwrap_or_default(),
+            exe.parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
         )
         .env(
             "CNI_ARGS",
-            format!(
-                "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={}",
-                spec.namespace, spec.name, pod.container_id
-            ),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| other(format!("CNI {command} for {}: {e}", pod.id)))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(conf.to_string().as_bytes());
-    }
-    let outp = child
-        .wait_with_output()
+            k8s::cni_args(&spec.namespace, &spec.name, &pod.container_id),
+        );
+    let outp = net::run_with_input(&mut c, conf.to_string().as_bytes(), CNI_TIMEOUT)
         .map_err(|e| other(format!("CNI {command} for {}: {e}", pod.id)))?;
     let text = String::from_utf8_lossy(&outp.stdout);
     if !outp.status.success() {
@@ -1035,30 +1449,39 @@ fn felix_status(st: &LabState, node: &str) -> Option<Value> {
 
 fn wait_felix(st: &LabState, limit: Duration) -> Result<(), LabError> {
     let deadline = Instant::now() + limit;
-    for node in &st.nodes {
-        loop {
-            if felix_status(st, &node.name)
-                .is_some_and(|s| s["dataplane"]["in_sync"] == Value::Bool(true))
-            {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(other(format!(
-                    "felix on {} did not get in sync within {limit:?}; see {}",
-                    node.name,
-                    st.node_dir(&node.name).join("felix.log").display()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    for node in st.nodes.iter().filter(|n| !n.stopped) {
+        wait_node_felix(st, &node.name, deadline)?;
     }
     Ok(())
+}
+
+/// Waits until Felix on `node` says its dataplane is in sync.
+pub(crate) fn wait_node_felix(
+    st: &LabState,
+    node: &str,
+    deadline: Instant,
+) -> Result<(), LabError> {
+    let started = Instant::now();
+    loop {
+        if felix_status(st, node).is_some_and(|s| s["dataplane"]["in_sync"] == Value::Bool(true)) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(other(format!(
+                "felix on {node} did not get in sync within {:?}; see {}",
+                started.elapsed(),
+                st.node_dir(node).join("felix.log").display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn print_status(st: &LabState, out: &mut dyn Write) {
     let _ = writeln!(out, "NODE      NAMESPACE              ADDRESS        FELIX");
     for n in &st.nodes {
         let felix = match felix_status(st, &n.name) {
+            None if n.stopped => "stopped (`margay lab node start`)".into(),
             Some(s) => format!(
                 "{}{}",
                 if s["ready"] == Value::Bool(true) {
@@ -1094,6 +1517,116 @@ fn print_status(st: &LabState, out: &mut dyn Write) {
     if st.backend == "bird" {
         let _ = write!(out, "{}", crate::bgp::render_status(st));
     }
+    if st.is_kubernetes() {
+        match kube_view(st) {
+            Ok(v) => {
+                let _ = write!(out, "{}", render_kube_view(&v, &st.kubeconfig()));
+            }
+            Err(e) => {
+                let _ = writeln!(out, "KUBERNETES: {e}");
+            }
+        }
+    }
+}
+
+/// What the lab's API server holds: Nodes (InternalIP, Ready, the address calico-node
+/// registered, NetworkUnavailable) and Pods (node, phase, address, labels).
+fn kube_view(st: &LabState) -> Result<Value, LabError> {
+    let api = crate::kube::Api::connect(&st.kubeconfig())?;
+    let condition = |obj: &Value, t: &str| -> Value {
+        obj.pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == t))
+            .map(|c| c["status"].clone())
+            .unwrap_or(Value::Null)
+    };
+    let nodes: Vec<Value> = api
+        .list(&crate::kube::NODES, None)?
+        .iter()
+        .map(|n| {
+            let internal = n
+                .pointer("/status/addresses")
+                .and_then(Value::as_array)
+                .and_then(|a| a.iter().find(|a| a["type"] == "InternalIP"))
+                .map(|a| a["address"].clone())
+                .unwrap_or(Value::Null);
+            serde_json::json!({
+                "name": n["metadata"]["name"],
+                "internal_ip": internal,
+                "ready": condition(n, "Ready"),
+                "calico_ipv4": n["metadata"]["annotations"]["projectcalico.org/IPv4Address"],
+                "network_unavailable": condition(n, "NetworkUnavailable"),
+            })
+        })
+        .collect();
+    let pods: Vec<Value> = api
+        .list(&crate::kube::PODS, None)?
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "id": format!("{}/{}",
+                    p["metadata"]["namespace"].as_str().unwrap_or_default(),
+                    p["metadata"]["name"].as_str().unwrap_or_default()),
+                "node": p["spec"]["nodeName"],
+                "phase": p["status"]["phase"],
+                "pod_ip": p["status"]["podIP"],
+                "calico_pod_ip": p["metadata"]["annotations"]["cni.projectcalico.org/podIP"],
+                "labels": p["metadata"]["labels"],
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({
+        "kubeconfig": st.kubeconfig().display().to_string(),
+        "nodes": nodes,
+        "pods": pods,
+    }))
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) if !s.is_empty() => s.clone(),
+        Value::Null | Value::String(_) => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+/// The Kubernetes view as text (pure).
+pub fn render_kube_view(v: &Value, kubeconfig: &Path) -> String {
+    let mut s = format!(
+        "KUBERNETES (kubectl --kubeconfig {})\nNODE      INTERNAL-IP    READY  CALICO-ADDRESS     NETWORK-UNAVAILABLE\n",
+        kubeconfig.display()
+    );
+    let empty = Vec::new();
+    for n in v["nodes"].as_array().unwrap_or(&empty) {
+        s.push_str(&format!(
+            "{:<9} {:<14} {:<6} {:<18} {}\n",
+            text(&n["name"]),
+            text(&n["internal_ip"]),
+            text(&n["ready"]),
+            text(&n["calico_ipv4"]),
+            text(&n["network_unavailable"])
+        ));
+    }
+    s.push_str("POD                 NODE      PHASE     POD-IP         LABELS\n");
+    for p in v["pods"].as_array().unwrap_or(&empty) {
+        let labels = p["labels"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default();
+        s.push_str(&format!(
+            "{:<19} {:<9} {:<9} {:<14} {labels}\n",
+            text(&p["id"]),
+            text(&p["node"]),
+            text(&p["phase"]),
+            text(&p["pod_ip"])
+        ));
+    }
+    s
 }
 
 fn status(which: &Which, json: bool, out: &mut dyn Write) -> Result<u8, LabError> {
@@ -1110,14 +1643,17 @@ fn status(which: &Which, json: bool, out: &mut dyn Write) -> Result<u8, LabError
                         Err(e) => serde_json::json!({"error": e}),
                     });
                 serde_json::json!({
-                    "name": n.name, "netns": n.netns, "ip": n.ip,
+                    "name": n.name, "netns": n.netns, "ip": n.ip, "stopped": n.stopped,
                     "ready": s.as_ref().map(|s| s["ready"].clone()),
                     "dataplane_in_sync": s.as_ref().map(|s| s["dataplane"]["in_sync"].clone()),
                     "bgp": bgp,
                 })
             })
             .collect();
-        let doc = serde_json::json!({"name": st.name, "datastore": st.datastore, "backend": st.backend, "tor": st.tor, "nodes": nodes, "pods": st.pods});
+        let kubernetes = st.is_kubernetes().then(|| {
+            kube_view(&st).unwrap_or_else(|e| serde_json::json!({"error": e.to_string()}))
+        });
+        let doc = serde_json::json!({"name": st.name, "datastore": st.datastore, "backend": st.backend, "tor": st.tor, "nodes": nodes, "pods": st.pods, "kubernetes": kubernetes});
         let _ = writeln!(
             out,
             "{}",
@@ -1500,6 +2036,42 @@ fn exec_cmd(which: &Which, pod: &str, command: &[String]) -> Result<u8, LabError
         .args(args)
         .status()
         .map_err(|e| other(format!("exec in {pod}: {e}")))?;
+    Ok(status.code().map_or(1, |c| u8::try_from(c).unwrap_or(1)))
+}
+
+fn kubeconfig_cmd(which: &Which, content: bool, out: &mut dyn Write) -> Result<u8, LabError> {
+    let st = load(which)?;
+    if !st.is_kubernetes() {
+        return Err(other(format!(
+            "lab {:?} runs on the {} datastore; only `margay lab up --datastore kubernetes` has a Kubernetes API",
+            st.name, st.datastore
+        )));
+    }
+    let path = st.kubeconfig();
+    if content {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| other(format!("{}: {e}", path.display())))?;
+        let _ = write!(out, "{text}");
+    } else {
+        let _ = writeln!(out, "{}", path.display());
+    }
+    Ok(0)
+}
+
+fn kubectl_cmd(which: &Which, args: &[String]) -> Result<u8, LabError> {
+    let st = load(which)?;
+    if !st.is_kubernetes() {
+        return Err(other(format!(
+            "lab {:?} runs on the {} datastore; kubectl needs `margay lab up --datastore kubernetes`",
+            st.name, st.datastore
+        )));
+    }
+    let status = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(st.kubeconfig())
+        .args(args)
+        .status()
+        .map_err(|e| other(format!("kubectl (is it installed?): {e}")))?;
     Ok(status.code().map_or(1, |c| u8::try_from(c).unwrap_or(1)))
 }
 

@@ -15,7 +15,10 @@
 
 pub mod bgp;
 pub mod cli;
+pub mod k8s;
+pub mod kube;
 pub mod net;
+pub mod ops;
 pub mod state;
 pub mod topology;
 

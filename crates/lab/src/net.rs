@@ -45,6 +45,64 @@ pub fn run(cmd: &mut Command) -> Result<String, LabError> {
     }
 }
 
+/// Runs a command with `input` on its stdin, collecting its output; killed (and an error)
+/// when it has not finished within `limit`.
+pub fn run_with_input(
+    cmd: &mut Command,
+    input: &[u8],
+    limit: Duration,
+) -> Result<std::process::Output, String> {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run it: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(input);
+    }
+    // Readers on their own threads, so a full pipe never blocks the child.
+    let reader = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = reader(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = reader(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer within {limit:?} (killed)"));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
 pub fn ip(ns: &str, args: &[&str]) -> Result<String, LabError> {
     run(Command::new("ip").arg("-n").arg(ns).args(args))
 }
@@ -151,6 +209,63 @@ pub fn kill_pid_file(path: &Path) {
             .status();
     }
     let _ = std::fs::remove_file(path);
+}
+
+/// Whether the process a pid file names still runs (and is still the one that wrote it).
+pub fn pid_file_alive(path: &Path) -> bool {
+    let Some(pid) = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+    else {
+        return false;
+    };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&cmdline).contains(path.display().to_string().as_str())
+}
+
+/// Stops the process group a pid file names as a service manager does: SIGTERM (the
+/// supervisor and its child both get it, so nothing is restarted), then SIGKILL for whatever
+/// is left after `grace`. Returns whether the group had to be killed.
+pub fn stop_pid_file(path: &Path, grace: Duration) -> bool {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return false;
+    };
+    let Ok(pid) = text.trim().parse::<u32>() else {
+        return false;
+    };
+    let ours = || pid_file_alive(path);
+    let group_alive = || {
+        pids().into_iter().any(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    // pgrp is the 3rd field after the parenthesised command name.
+                    let rest = s.rsplit_once(')')?.1;
+                    rest.split_whitespace().nth(2)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+    };
+    let mut killed = false;
+    if ours() {
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &format!("-{pid}")])
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + grace;
+        while group_alive() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if group_alive() {
+            killed = true;
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+    let _ = std::fs::remove_file(path);
+    killed
 }
 
 /// Starts `margay lab supervise` detached (own session and process group), which runs

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::topology::Topology;
+use crate::topology::{PodSpec, Topology};
 
 /// Default parent of every lab's directory.
 pub const DEFAULT_STATE_ROOT: &str = "/var/run/margay/lab";
@@ -31,6 +31,10 @@ pub struct NodeState {
     pub name: String,
     pub netns: String,
     pub ip: String,
+    /// `lab node stop` stopped its roles (Felix, and confd and BIRD with --backend bird);
+    /// `lab node start` runs them again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,13 +47,33 @@ pub struct PodState {
     pub ip: Option<String>,
 }
 
+impl PodState {
+    /// A pod of lab `lab` (namespace prefix `prefix`); `sandbox` tells the container IDs of
+    /// pods added later apart from earlier pods of the same name (a kubelet makes a new
+    /// sandbox ID for every pod).
+    pub fn new(prefix: &str, lab: &str, p: &PodSpec, sandbox: &str) -> PodState {
+        PodState {
+            id: p.id(),
+            netns: format!("{prefix}{}-{}", p.namespace, p.name),
+            node: p.node.clone(),
+            container_id: format!("lab{lab}{}{}{sandbox}", p.namespace, p.name).replace('-', ""),
+            ip: None,
+        }
+    }
+
+    /// Where its `margay lab serve` keeps its pid file and log (`<base>.pid`, `<base>.log`).
+    pub fn file_base(&self) -> String {
+        self.id.replace('/', "-")
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabState {
     pub name: String,
     pub dir: PathBuf,
     /// Namespace name prefix (`mgy-<name>-`).
     pub prefix: String,
-    /// `local` or `etcd`.
+    /// `local`, `etcd` or `kubernetes`.
     pub datastore: String,
     pub backend: String,
     pub topology: Topology,
@@ -77,18 +101,13 @@ impl LabState {
                 name: n.clone(),
                 netns: format!("{prefix}{n}"),
                 ip: format!("{FABRIC_PREFIX}.{}", 11 + i),
+                stopped: false,
             })
             .collect();
         let pods = topology
             .pods
             .iter()
-            .map(|p| PodState {
-                id: p.id(),
-                netns: format!("{prefix}{}-{}", p.namespace, p.name),
-                node: p.node.clone(),
-                container_id: format!("lab{name}{}{}", p.namespace, p.name).replace('-', ""),
-                ip: None,
-            })
+            .map(|p| PodState::new(&prefix, name, p, ""))
             .collect();
         LabState {
             name: name.to_string(),
@@ -145,9 +164,23 @@ impl LabState {
         std::fs::rename(tmp, Self::state_file(&self.dir))
     }
 
+    /// The kubeconfig of the lab's API server (`--datastore kubernetes`): the same file for
+    /// every component and for kubectl.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    pub fn is_kubernetes(&self) -> bool {
+        self.datastore == "kubernetes"
+    }
+
     /// The datastore as environment variables (the same for every process of the lab).
     pub fn datastore_env(&self) -> Vec<(String, String)> {
         match self.datastore.as_str() {
+            "kubernetes" => vec![
+                ("DATASTORE_TYPE".into(), "kubernetes".into()),
+                ("KUBECONFIG".into(), self.kubeconfig().display().to_string()),
+            ],
             "etcd" => vec![
                 ("DATASTORE_TYPE".into(), "etcdv3".into()),
                 (
@@ -180,7 +213,14 @@ impl LabState {
     /// Every pid file of the lab's supervised processes.
     pub fn pid_files(&self) -> Vec<PathBuf> {
         let mut out = Vec::new();
-        for sub in ["nodes", "pods", "etcd", "tor"] {
+        for sub in [
+            "nodes",
+            "pods",
+            "etcd",
+            "tor",
+            "apiserver",
+            "kube-controllers",
+        ] {
             collect_pid_files(&self.dir.join(sub), &mut out);
         }
         out

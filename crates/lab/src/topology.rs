@@ -179,6 +179,35 @@ impl Topology {
     pub fn pod(&self, id: &str) -> Option<&PodSpec> {
         self.pods.iter().find(|p| p.id() == id)
     }
+
+    /// Adds a pod to a running lab's topology, checked as a topology file's pods are (its
+    /// namespace is added when new); nothing changes when it is refused.
+    pub fn add_pod(&mut self, pod: PodSpec) -> Result<(), TopologyError> {
+        if pod.node.is_empty() {
+            return Err(TopologyError::Invalid(format!(
+                "pod {} needs a node",
+                pod.id()
+            )));
+        }
+        let mut next = self.clone();
+        next.pods.push(pod);
+        next.fill_in()?;
+        *self = next;
+        Ok(())
+    }
+
+    /// Adds a namespace unless it is listed already.
+    pub fn add_namespace(&mut self, ns: NamespaceSpec) -> Result<(), TopologyError> {
+        dns_label("namespace", &ns.name)?;
+        if !self.namespaces.iter().any(|n| n.name == ns.name) {
+            self.namespaces.push(ns);
+        }
+        Ok(())
+    }
+
+    pub fn remove_pod(&mut self, id: &str) {
+        self.pods.retain(|p| p.id() != id);
+    }
 }
 
 #[cfg(test)]
@@ -210,5 +239,36 @@ mod tests {
         assert!(Topology::parse("nodes: [n1]\npods: [{name: a, namespace: x, node: n9}]").is_err());
         assert!(Topology::parse("nodes: [N1]").is_err());
         assert!(Topology::parse("nodes: [n1]\nbogus: 1").is_err());
+    }
+
+    #[test]
+    fn pods_are_added_as_a_file_would_list_them() {
+        let mut t = default_topology(2);
+        let pod = |ns: &str, name: &str, node: &str| PodSpec {
+            name: name.into(),
+            namespace: ns.into(),
+            node: node.into(),
+            labels: BTreeMap::new(),
+            tcp: vec![80],
+            udp: vec![],
+        };
+        t.add_pod(pod("w", "d", "node2")).unwrap();
+        assert_eq!(t.pod("w/d").unwrap().node, "node2");
+        assert!(
+            t.namespaces.iter().any(|n| n.name == "w"),
+            "namespace added"
+        );
+        let before = t.clone();
+        for bad in [
+            pod("w", "d", "node1"),
+            pod("w", "e", "node9"),
+            pod("w", "E", "node1"),
+            pod("w", "e", ""),
+        ] {
+            assert!(t.add_pod(bad).is_err());
+            assert_eq!(t, before, "a refused pod changes nothing");
+        }
+        t.remove_pod("w/d");
+        assert!(t.pod("w/d").is_none());
     }
 }
