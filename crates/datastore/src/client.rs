@@ -241,7 +241,16 @@ impl<B: KvBackend> Client<B> {
             .delete(&resource_path(key), expected)
             .await
             .map_err(|e| rename(e, key))?;
-        decode(&kv)
+        match decode(&kv) {
+            Ok(r) => Ok(r),
+            // The value is gone, which is what the caller asked for: a value that no longer
+            // decodes (an older schema, another writer) must be removable, and the deletion
+            // must not be reported as a failure.
+            Err(e) => {
+                tracing::warn!(resource = %key, error = %e, "deleted a stored value that does not decode");
+                Ok(placeholder(key, kv.mod_revision).ok_or(e)?)
+            }
+        }
     }
 
     /// Watches a kind (optionally one namespace) for changes after `revision` (the revision a
@@ -333,8 +342,35 @@ fn encode(resource: &Resource) -> Result<Vec<u8>> {
     let mut r = resource.clone();
     // The version is the key's revision, never part of the stored value.
     r.metadata_mut().resource_version.clear();
-    serde_json::to_vec(&r)
-        .map_err(|e| DatastoreError::invalid(format!("{}: cannot encode: {e}", r.key())))
+    let value = serde_json::to_vec(&r)
+        .map_err(|e| DatastoreError::invalid(format!("{}: cannot encode: {e}", r.key())))?;
+    // Checked here too so that the error names the resource, not its storage path.
+    let max = crate::kv::max_value_size();
+    if value.len() > max {
+        return Err(DatastoreError::invalid(format!(
+            "{} is {} bytes when stored, more than the datastore accepts ({max} bytes, \
+             DATASTORE_MAX_VALUE_SIZE): split it into several smaller resources",
+            r.key(),
+            value.len()
+        )));
+    }
+    Ok(value)
+}
+
+/// A resource with only its identity, for a deleted value that did not decode.
+fn placeholder(key: &ResourceKey, revision: i64) -> Option<Resource> {
+    let mut meta = serde_json::json!({ "name": key.name });
+    if !key.namespace.is_empty() {
+        meta["namespace"] = serde_json::Value::from(key.namespace.clone());
+    }
+    let value = serde_json::json!({
+        "apiVersion": "projectcalico.org/v3",
+        "kind": key.kind.name(),
+        "metadata": meta,
+    });
+    let mut r = margay_api::codec::decode_value(value).ok()?;
+    r.metadata_mut().resource_version = revision.to_string();
+    Some(r)
 }
 
 /// What was stored: the backend's copy (the Kubernetes datastore's server sets uid and

@@ -37,7 +37,7 @@ impl DatastoreType {
 }
 
 /// Connection settings for etcd (Calico's ETCD_* variables).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct EtcdConfig {
     /// `http(s)://host:port` URLs.
     pub endpoints: Vec<String>,
@@ -73,6 +73,21 @@ pub struct KubeSettings {
     pub interface_prefix: String,
 }
 
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the password (Debug output ends up in logs and panics).
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("discovery_srv", &self.discovery_srv)
+            .field("ca_cert_file", &self.ca_cert_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for KubeSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print secrets: the token and an inline kubeconfig (which may hold keys).
@@ -101,6 +116,9 @@ pub struct DatastoreConfig {
     pub local_path: PathBuf,
     pub etcd: EtcdConfig,
     pub kube: KubeSettings,
+    /// DATASTORE_MAX_VALUE_SIZE (margay's): the largest value written, in bytes, on every
+    /// backend (default etcd's 1.5 MiB request limit).
+    pub max_value_size: usize,
 }
 
 impl Default for DatastoreConfig {
@@ -113,6 +131,7 @@ impl Default for DatastoreConfig {
                 interface_prefix: "cali".to_string(),
                 ..KubeSettings::default()
             },
+            max_value_size: crate::kv::DEFAULT_MAX_VALUE_SIZE,
         }
     }
 }
@@ -181,6 +200,10 @@ impl DatastoreConfig {
                 .map_or_else(|| PathBuf::from(DEFAULT_LOCAL_PATH), PathBuf::from),
             etcd,
             kube,
+            max_value_size: match non_empty("DATASTORE_MAX_VALUE_SIZE") {
+                Some(v) => parse_size("DATASTORE_MAX_VALUE_SIZE", &v)?,
+                None => crate::kv::DEFAULT_MAX_VALUE_SIZE,
+            },
         };
         cfg.check()?;
         Ok(cfg)
@@ -305,16 +328,14 @@ impl DatastoreConfig {
                         "set both ETCD_USERNAME and ETCD_PASSWORD, or neither",
                     ));
                 }
-                // Calico allows it too, but the password then crosses the network readable.
-                if self.etcd.password.is_some() {
-                    for e in self
+                if self.etcd.password.is_some()
+                    && let Some(plain) = self
                         .etcd
                         .endpoints
                         .iter()
-                        .filter(|e| e.starts_with("http://"))
-                    {
-                        tracing::warn!(endpoint = %e, "etcd credentials (ETCD_USERNAME/ETCD_PASSWORD) will be sent over plain http; use https:// endpoints");
-                    }
+                        .find(|e| e.starts_with("http://"))
+                {
+                    tracing::warn!(endpoint = %plain, "ETCD_USERNAME/ETCD_PASSWORD are sent over plain http:// to {plain}: anyone on the path can read them; use https:// endpoints (ETCD_CA_CERT_FILE)");
                 }
                 Ok(())
             }
@@ -335,6 +356,7 @@ impl DatastoreConfig {
 
     async fn open(&self, must_exist: bool) -> Result<AnyBackend> {
         let _ = must_exist; // only the embedded store can be created by opening it
+        crate::kv::set_max_value_size(self.max_value_size);
         match self.datastore_type {
             #[cfg(feature = "local")]
             DatastoreType::Local => {
@@ -368,6 +390,21 @@ fn split_paths(s: &str) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// A size in bytes: at least 1 KiB (a smaller limit would refuse ordinary resources) and
+/// at most 1 GiB.
+fn parse_size(name: &str, v: &str) -> Result<usize> {
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1024..=1 << 30).contains(n))
+        .ok_or_else(|| {
+            DatastoreError::invalid(format!(
+                "{name} {v:?} must be a number of bytes between 1024 and 1073741824 (default {})",
+                crate::kv::DEFAULT_MAX_VALUE_SIZE
+            ))
+        })
 }
 
 fn parse_bool(name: &str, v: &str) -> Result<bool> {

@@ -20,7 +20,8 @@ use crate::config::EtcdConfig;
 use crate::error::{DatastoreError, Result};
 use crate::kv::{
     Compare as KvCompare, KeyValue, KvBackend, KvEvent, ListResult, TxnOp as KvTxnOp, TxnOpResult,
-    TxnResponse, Watch, check_txn_ops, conflict_or_missing, prefix_end,
+    TxnResponse, Watch, check_txn_ops, check_value_size, conflict_or_missing, note_skipped,
+    prefix_end,
 };
 
 /// Keys fetched per list page.
@@ -341,7 +342,11 @@ impl KvBackend for EtcdBackend {
                 out.revision = resp.header().map_or(0, |h| h.revision());
             }
             for item in resp.kvs() {
-                out.kvs.push(convert(item)?);
+                // One key that does not decode must not fail the whole listing.
+                match convert(item) {
+                    Ok(kv) => out.kvs.push(kv),
+                    Err(e) => note_skipped("etcd", item.key(), &e.to_string()),
+                }
             }
             match (resp.more(), resp.kvs().last()) {
                 (true, Some(last)) => {
@@ -354,6 +359,7 @@ impl KvBackend for EtcdBackend {
     }
 
     async fn create(&self, key: &str, value: Vec<u8>, ttl: Option<Duration>) -> Result<KeyValue> {
+        check_value_size(key, &value)?;
         let put = self.lease(key, ttl).await?;
         let txn = Txn::new()
             .when([Compare::version(key, CompareOp::Equal, 0)])
@@ -380,6 +386,7 @@ impl KvBackend for EtcdBackend {
         expected: Option<i64>,
         ttl: Option<Duration>,
     ) -> Result<KeyValue> {
+        check_value_size(key, &value)?;
         let put = self.lease(key, ttl).await?;
         let cond = match expected {
             Some(rev) => Compare::mod_revision(key, CompareOp::Equal, rev),
@@ -630,15 +637,16 @@ impl KvBackend for EtcdBackend {
                 let mut batch = Vec::with_capacity(resp.events().len().min(WATCH_BATCH));
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
-                    let prev = ev.prev_kv().map(convert).transpose();
-                    let converted = convert(kv).and_then(|kv| prev.map(|p| (kv, p)));
-                    let (kv, prev) = match converted {
-                        Ok(x) => x,
+                    // A key that does not decode is skipped (and reported), as in a list:
+                    // ending the watch would only make the consumer list and watch it again.
+                    let kv = match convert(kv) {
+                        Ok(kv) => kv,
                         Err(e) => {
-                            fail(e).await;
-                            return;
+                            note_skipped("etcd", kv.key(), &e.to_string());
+                            continue;
                         }
                     };
+                    let prev = ev.prev_kv().and_then(|p| convert(p).ok());
                     batch.push(match ev.event_type() {
                         EventType::Put => KvEvent::Put { kv, prev },
                         EventType::Delete => KvEvent::Delete {

@@ -5,6 +5,7 @@
 //! strictly increasing revision; a key's `mod_revision` is its resourceVersion.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -165,11 +166,64 @@ pub struct TxnResponse {
     pub results: Vec<TxnOpResult>,
 }
 
+/// The largest value a backend stores by default: etcd's own request limit
+/// (`--max-request-bytes`, 1.5 MiB) less 4 KiB for the key and the request's framing, so a
+/// value fits whichever backend holds it.
+pub const DEFAULT_MAX_VALUE_SIZE: usize = 1536 * 1024 - 4096;
+
+static MAX_VALUE_SIZE: AtomicUsize = AtomicUsize::new(DEFAULT_MAX_VALUE_SIZE);
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+
+/// The largest value any backend of this process stores (DATASTORE_MAX_VALUE_SIZE).
+pub fn max_value_size() -> usize {
+    MAX_VALUE_SIZE.load(Ordering::Relaxed)
+}
+
+/// Sets the limit for every backend of this process (a process serves one datastore; the
+/// setting is the operator's, applied when the datastore is connected).
+pub fn set_max_value_size(bytes: usize) {
+    MAX_VALUE_SIZE.store(bytes, Ordering::Relaxed);
+}
+
+/// Refuses a value larger than [`max_value_size`]: every backend checks before writing, so
+/// a huge resource fails where it is written instead of breaking every reader later.
+pub fn check_value_size(key: &str, value: &[u8]) -> Result<()> {
+    let max = max_value_size();
+    if value.len() > max {
+        return Err(DatastoreError::invalid(format!(
+            "{key}: the value is {} bytes, more than the datastore accepts ({max} bytes; \
+             DATASTORE_MAX_VALUE_SIZE, default {DEFAULT_MAX_VALUE_SIZE}, within etcd's \
+             --max-request-bytes): split it into smaller resources",
+            value.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Keys and values a backend could not decode and skipped (a list or watch goes on without
+/// them), since the process started.
+pub fn skipped_entries() -> u64 {
+    SKIPPED.load(Ordering::Relaxed)
+}
+
+/// Reports a stored key (or value) that cannot be decoded and is skipped.
+pub(crate) fn note_skipped(store: &str, key: &[u8], why: &str) {
+    SKIPPED.fetch_add(1, Ordering::Relaxed);
+    let shown: String = String::from_utf8_lossy(&key[..key.len().min(300)])
+        .chars()
+        .flat_map(char::escape_debug)
+        .collect();
+    tracing::warn!(store, key = %shown, "skipping a stored entry that cannot be decoded: {why} (delete it with etcdctl or the store's own tool)");
+}
+
 /// Refuses a transaction that writes one key twice (etcd refuses it too: the order of two
-/// writes to a key in one revision would be undefined).
+/// writes to a key in one revision would be undefined), or a value over the size limit.
 pub(crate) fn check_txn_ops(ops: &[TxnOp]) -> Result<()> {
     let mut written = std::collections::HashSet::new();
     for op in ops {
+        if let TxnOp::Put { key, value } = op {
+            check_value_size(key, value)?;
+        }
         if let TxnOp::Put { key, .. } | TxnOp::Delete { key } = op
             && !written.insert(key.as_str())
         {

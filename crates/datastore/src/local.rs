@@ -56,7 +56,7 @@ use tokio::sync::{mpsc, watch};
 use crate::error::{DatastoreError, Result};
 use crate::kv::{
     Compare, KeyValue, KvBackend, KvEvent, ListResult, TxnOp, TxnOpResult, TxnResponse, Watch,
-    check_txn_ops, conflict_or_missing, prefix_end,
+    check_txn_ops, check_value_size, conflict_or_missing, note_skipped, prefix_end,
 };
 
 /// Where the datastore lives unless configured otherwise.
@@ -290,6 +290,21 @@ fn key_text(v: ValueRef<'_>) -> TxResult<String> {
             "stored key has type {:?}, not text",
             other.data_type()
         )))),
+    }
+}
+
+/// A stored key's bytes, whatever its type, for a report.
+fn raw_key(v: ValueRef<'_>) -> &[u8] {
+    match v {
+        ValueRef::Text(b) | ValueRef::Blob(b) => b,
+        _ => b"",
+    }
+}
+
+fn fail_text(f: &Fail) -> String {
+    match f {
+        Fail::Kv(e) => e.to_string(),
+        Fail::Sql(e) => e.to_string(),
     }
 }
 
@@ -549,8 +564,16 @@ fn list_rows(conn: &Connection, prefix: &str, now: i64) -> TxResult<Vec<KeyValue
         st.query((prefix, TextBytes(&end), now))?
     };
     while let Some(r) = rows.next()? {
+        // A key that is not text (written by another tool) must not fail the whole listing.
+        let key = match key_text(r.get_ref(0)?) {
+            Ok(k) => k,
+            Err(e) => {
+                note_skipped("local", raw_key(r.get_ref(0)?), &fail_text(&e));
+                continue;
+            }
+        };
         kvs.push(KeyValue {
-            key: key_text(r.get_ref(0)?)?,
+            key,
             value: bytes(r.get_ref(1)?),
             create_revision: r.get(2)?,
             mod_revision: r.get(3)?,
@@ -656,6 +679,9 @@ fn read_log(conn: &mut Connection, prefix: &str, after: i64) -> TxResult<LogBatc
     let current = current_revision(&tx)?;
     let end = prefix_end(prefix);
     let mut events = Vec::new();
+    // Rows read (skipped ones included): a batch is full by rows, and the watcher moves past
+    // a skipped row as past any other.
+    let (mut rows_read, mut last_row) = (0i64, after);
     {
         let mut st;
         let mut rows = if end == [0] {
@@ -667,7 +693,15 @@ fn read_log(conn: &mut Connection, prefix: &str, after: i64) -> TxResult<LogBatc
         };
         while let Some(r) = rows.next()? {
             let revision: i64 = r.get(0)?;
-            let key = key_text(r.get_ref(1)?)?;
+            rows_read += 1;
+            last_row = revision;
+            let key = match key_text(r.get_ref(1)?) {
+                Ok(k) => k,
+                Err(e) => {
+                    note_skipped("local", raw_key(r.get_ref(1)?), &fail_text(&e));
+                    continue;
+                }
+            };
             let deleted: bool = r.get(2)?;
             let create_revision: i64 = r.get(4)?;
             let prev = match r.get::<_, Option<i64>>(6)? {
@@ -699,11 +733,8 @@ fn read_log(conn: &mut Connection, prefix: &str, after: i64) -> TxResult<LogBatc
         }
     }
     tx.commit()?;
-    let full = i64::try_from(events.len()).unwrap_or(i64::MAX) >= WATCH_BATCH;
-    let last = match events.last() {
-        Some(e) if full => e.revision(),
-        _ => after.max(current),
-    };
+    let full = rows_read >= WATCH_BATCH;
+    let last = if full { last_row } else { after.max(current) };
     Ok(LogBatch {
         events,
         last,
@@ -1167,6 +1198,7 @@ impl KvBackend for LocalBackend {
     }
 
     async fn create(&self, key: &str, value: Vec<u8>, ttl: Option<Duration>) -> Result<KeyValue> {
+        check_value_size(key, &value)?;
         self.write(key, WriteOp::Create { value, ttl }).await
     }
 
@@ -1177,6 +1209,7 @@ impl KvBackend for LocalBackend {
         expected_mod_revision: Option<i64>,
         ttl: Option<Duration>,
     ) -> Result<KeyValue> {
+        check_value_size(key, &value)?;
         let op = WriteOp::Update {
             value,
             expected: expected_mod_revision,

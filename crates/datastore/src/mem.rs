@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch};
 use crate::error::{DatastoreError, Result};
 use crate::kv::{
     Compare, KeyValue, KvBackend, KvEvent, ListResult, TxnOp, TxnOpResult, TxnResponse, Watch,
-    check_txn_ops, conflict_or_missing,
+    check_txn_ops, check_value_size, conflict_or_missing,
 };
 
 /// How often watchers look for expired keys when nothing else happens.
@@ -154,6 +154,7 @@ impl KvBackend for MemBackend {
     }
 
     async fn create(&self, key: &str, value: Vec<u8>, ttl: Option<Duration>) -> Result<KeyValue> {
+        check_value_size(key, &value)?;
         self.write(|s, now| {
             if s.live(key, now).is_some() {
                 return Err(DatastoreError::AlreadyExists {
@@ -171,6 +172,7 @@ impl KvBackend for MemBackend {
         expected: Option<i64>,
         ttl: Option<Duration>,
     ) -> Result<KeyValue> {
+        check_value_size(key, &value)?;
         self.write(|s, now| {
             let current = s.live(key, now).map(|kv| kv.mod_revision);
             match (current, expected) {

@@ -565,7 +565,7 @@ async fn fanout(
 /// Raises this process's open-file limit (inherited by the Typha it starts) to `want` file
 /// descriptors: both sides hold one socket per client. Fails with what to do when the hard
 /// limit is lower and cannot be raised (not root).
-fn raise_fd_limit(want: u64) -> Result<u64, String> {
+pub fn raise_fd_limit(want: u64) -> Result<u64, String> {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) =
         getrlimit(Resource::RLIMIT_NOFILE).map_err(|e| format!("getrlimit(NOFILE): {e}"))?;

@@ -49,9 +49,6 @@ pub struct Crumb {
     notify: Notify,
     /// The deltas' KV frames followed by the SyncStatus frame: [uncompressed, compressed].
     frames: [OnceLock<Frames>; 2],
-    /// The whole snapshot as KV frames followed by the SyncStatus frame, computed (by the
-    /// server, off the async threads) for clients that join here.
-    pub snapshot_frames: [tokio::sync::OnceCell<Frames>; 2],
 }
 
 impl std::fmt::Debug for Crumb {
@@ -85,7 +82,6 @@ impl Crumb {
             next: OnceLock::new(),
             notify: Notify::new(),
             frames: [OnceLock::new(), OnceLock::new()],
-            snapshot_frames: [tokio::sync::OnceCell::new(), tokio::sync::OnceCell::new()],
         }
     }
 
@@ -136,7 +132,8 @@ impl Crumb {
     }
 
     /// The whole snapshot as frames (KVs, then the status). Expensive: callers run it off the
-    /// async threads and share the result through `snapshot_frames`.
+    /// async threads and share the result among clients joining together (the server keeps
+    /// it only while it is being sent, not for as long as the crumb lives).
     pub fn encode_snapshot(&self, compress: bool, max_kvs: usize, max_bytes: usize) -> Frames {
         let kvs = self.snapshot.iter().map(|(k, e)| Kv {
             key: k.to_string(),

@@ -91,6 +91,32 @@ pub struct TyphaConfig {
     pub server_max_inbound_bytes: usize,
     /// margay: the syncer types served (`felix`, `bgp`).
     pub syncer_types: Vec<String>,
+    /// margay: connections that may be without a hello (TLS handshake included) at once;
+    /// a new one closes the oldest.
+    pub server_max_pending_handshakes: usize,
+}
+
+/// The longest duration any `*Secs` setting may have (one year): every deadline computed
+/// from one stays far from overflowing a clock.
+pub const MAX_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// The process environment as text. An entry whose name or value is not UTF-8 cannot be a
+/// setting anyone meant; it is left out and its name (lossily) returned, for a warning.
+pub fn env_from_os(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> (BTreeMap<String, String>, Vec<String>) {
+    let mut env = BTreeMap::new();
+    let mut skipped = Vec::new();
+    for (k, v) in vars {
+        match (k.into_string(), v.into_string()) {
+            (Ok(k), Ok(v)) => {
+                env.insert(k, v);
+            }
+            (Ok(k), Err(_)) => skipped.push(k),
+            (Err(k), _) => skipped.push(k.to_string_lossy().into_owned()),
+        }
+    }
+    (env, skipped)
 }
 
 impl Default for TyphaConfig {
@@ -134,6 +160,7 @@ impl Default for TyphaConfig {
             migration_grace: Duration::from_secs(30),
             server_max_inbound_bytes: crate::proto::DEFAULT_MAX_SERVER_INBOUND,
             syncer_types: vec!["felix".into(), "bgp".into()],
+            server_max_pending_handshakes: 256,
         }
     }
 }
@@ -233,9 +260,13 @@ impl TyphaConfig {
             }
         }
         for (k, v) in env {
-            if k.len() > 6 && k[..6].eq_ignore_ascii_case("TYPHA_") {
+            // `get`, not indexing: byte 6 may be inside a multi-byte character.
+            if let (Some(prefix), Some(name)) = (k.get(..6), k.get(6..))
+                && !name.is_empty()
+                && prefix.eq_ignore_ascii_case("TYPHA_")
+            {
                 raw.insert(
-                    k[6..].to_ascii_lowercase(),
+                    name.to_ascii_lowercase(),
                     (v.clone(), format!("environment variable {k}")),
                 );
             }
@@ -258,11 +289,24 @@ impl TyphaConfig {
 
     fn set(&mut self, name: &str, v: &str) -> Result<(), (&'static str, String)> {
         fn secs(p: &'static str, v: &str) -> Result<Duration, (&'static str, String)> {
-            v.parse::<f64>()
+            let s = v
+                .trim()
+                .parse::<f64>()
                 .ok()
                 .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(Duration::from_secs_f64)
-                .ok_or((p, "expected a number of seconds".into()))
+                .ok_or((p, "expected a number of seconds".to_string()))?;
+            if s > MAX_SECS {
+                return Err((p, format!("at most {MAX_SECS} seconds (one year)")));
+            }
+            Duration::try_from_secs_f64(s).map_err(|e| (p, e.to_string()))
+        }
+        // A zero interval would panic a timer; a zero timeout would drop every client.
+        fn positive_secs(p: &'static str, v: &str) -> Result<Duration, (&'static str, String)> {
+            let d = secs(p, v)?;
+            if d.is_zero() {
+                return Err((p, "expected a number of seconds greater than 0".into()));
+            }
+            Ok(d)
         }
         fn num(p: &'static str, v: &str, min: usize) -> Result<usize, (&'static str, String)> {
             v.parse::<usize>()
@@ -310,14 +354,16 @@ impl TyphaConfig {
                 self.server_min_batching_age = secs("ServerMinBatchingAgeThresholdSecs", v)?
             }
             "serverpingintervalsecs" => {
-                self.server_ping_interval = secs("ServerPingIntervalSecs", v)?
+                self.server_ping_interval = positive_secs("ServerPingIntervalSecs", v)?
             }
-            "serverpongtimeoutsecs" => self.server_pong_timeout = secs("ServerPongTimeoutSecs", v)?,
+            "serverpongtimeoutsecs" => {
+                self.server_pong_timeout = positive_secs("ServerPongTimeoutSecs", v)?
+            }
             "serverhandshaketimeoutsecs" => {
-                self.server_handshake_timeout = secs("ServerHandshakeTimeoutSecs", v)?
+                self.server_handshake_timeout = positive_secs("ServerHandshakeTimeoutSecs", v)?
             }
             "serverwritetimeoutsecs" => {
-                self.server_write_timeout = secs("ServerWriteTimeoutSecs", v)?
+                self.server_write_timeout = positive_secs("ServerWriteTimeoutSecs", v)?
             }
             "serverport" => {
                 let p = port("ServerPort", v)?;
@@ -353,14 +399,7 @@ impl TyphaConfig {
                 }
             }
             "k8sservicepollintervalsecs" => {
-                let d = secs("K8sServicePollIntervalSecs", v)?;
-                if d.is_zero() {
-                    return Err((
-                        "K8sServicePollIntervalSecs",
-                        "expected a number of seconds greater than 0".into(),
-                    ));
-                }
-                self.k8s_service_poll_interval = d;
+                self.k8s_service_poll_interval = positive_secs("K8sServicePollIntervalSecs", v)?
             }
             "k8sservicename" => self.k8s_service_name = v.trim().to_string(),
             "k8snamespace" => self.k8s_namespace = v.trim().to_string(),
@@ -370,6 +409,9 @@ impl TyphaConfig {
             "migrationgracesecs" => self.migration_grace = secs("MigrationGraceSecs", v)?,
             "servermaxinboundbytes" => {
                 self.server_max_inbound_bytes = num("ServerMaxInboundBytes", v, 1024)?
+            }
+            "servermaxpendinghandshakes" => {
+                self.server_max_pending_handshakes = num("ServerMaxPendingHandshakes", v, 1)?
             }
             "syncertypes" => {
                 let types: Vec<String> = v
@@ -398,6 +440,35 @@ impl TyphaConfig {
             }
         }
         Ok(())
+    }
+
+    /// What to warn about when serving plain TCP where other machines can reach it (None:
+    /// TLS is on, or the address is loopback only).
+    pub fn plaintext_warning(&self) -> Option<String> {
+        if self.tls_configured() {
+            return None;
+        }
+        let host = self
+            .server_host
+            .trim()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let loopback = host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|a| a.is_loopback());
+        if loopback {
+            return None;
+        }
+        let on = if host.is_empty() {
+            "every address"
+        } else {
+            host
+        };
+        Some(format!(
+            "Typha serves plain TCP (no TLS) on {on}, port {}: anyone who can reach it can read              every policy, endpoint and IPAM block it serves and connect as a client. Set              TYPHA_SERVERKEYFILE, TYPHA_SERVERCERTFILE, TYPHA_CAFILE and TYPHA_CLIENTCN (or              TYPHA_CLIENTURISAN) for mutual TLS, or TYPHA_SERVERHOST=127.0.0.1 for local clients only",
+            self.server_port
+        ))
     }
 
     /// All-or-none TLS, with errors that say what is missing.
@@ -469,6 +540,113 @@ mod tests {
         assert_eq!(c.shutdown_timeout, Duration::from_secs(300));
         assert_eq!(c.server_max_inbound_bytes, 1 << 20);
         assert_eq!(c.connection_limit(), 10_000);
+    }
+
+    #[test]
+    fn hostile_settings_are_errors_not_panics() {
+        // A multi-byte character across byte 6 of the name: not a Typha variable, no panic.
+        let c = TyphaConfig::load(&env(&[("TYPHAé_X", "1"), ("TYPHA_", "1")]), None).unwrap();
+        assert_eq!(c, TyphaConfig::default());
+        for (k, v, param) in [
+            ("TYPHA_SHUTDOWNTIMEOUTSECS", "1e300", "ShutdownTimeoutSecs"),
+            (
+                "TYPHA_SERVERMAXFALLBEHINDSECS",
+                "18446744073709551616",
+                "ServerMaxFallBehindSecs",
+            ),
+            ("TYPHA_MIGRATIONGRACESECS", "31536001", "MigrationGraceSecs"),
+            (
+                "TYPHA_SERVERPINGINTERVALSECS",
+                "0",
+                "ServerPingIntervalSecs",
+            ),
+            (
+                "TYPHA_SERVERPONGTIMEOUTSECS",
+                "0.0",
+                "ServerPongTimeoutSecs",
+            ),
+            (
+                "TYPHA_SERVERHANDSHAKETIMEOUTSECS",
+                "0",
+                "ServerHandshakeTimeoutSecs",
+            ),
+            (
+                "TYPHA_SERVERWRITETIMEOUTSECS",
+                "0",
+                "ServerWriteTimeoutSecs",
+            ),
+            (
+                "TYPHA_SERVERPINGINTERVALSECS",
+                "NaN",
+                "ServerPingIntervalSecs",
+            ),
+            (
+                "TYPHA_SERVERMAXPENDINGHANDSHAKES",
+                "0",
+                "ServerMaxPendingHandshakes",
+            ),
+        ] {
+            let e = TyphaConfig::load(&env(&[(k, v)]), None).unwrap_err();
+            assert_eq!(e.param, param, "{k}={v}");
+            assert!(e.to_string().contains(k), "{e}");
+        }
+        let c =
+            TyphaConfig::load(&env(&[("TYPHA_SHUTDOWNTIMEOUTSECS", "31536000")]), None).unwrap();
+        assert_eq!(c.shutdown_timeout, Duration::from_secs(31_536_000));
+    }
+
+    #[test]
+    fn non_utf8_environment_entries_are_skipped_and_named() {
+        use std::ffi::OsString;
+        use std::os::unix::ffi::OsStringExt;
+        let vars = vec![
+            (OsString::from("TYPHA_SERVERPORT"), OsString::from("6000")),
+            (
+                OsString::from("TYPHA_HEALTHHOST"),
+                OsString::from_vec(vec![0xff, b'x']),
+            ),
+            (
+                OsString::from_vec(b"TYPHA_\xfe".to_vec()),
+                OsString::from("1"),
+            ),
+            (OsString::from_vec(vec![b'T', 0xfe]), OsString::from("1")),
+        ];
+        let (env, skipped) = env_from_os(vars);
+        assert_eq!(env.len(), 1, "{env:?}");
+        assert_eq!(skipped, ["TYPHA_HEALTHHOST", "TYPHA_\u{fffd}", "T\u{fffd}"]);
+        let c = TyphaConfig::load(&env, None).unwrap();
+        assert_eq!(c.server_port, 6000);
+    }
+
+    #[test]
+    fn plain_tcp_beyond_loopback_is_warned_about() {
+        let plain = TyphaConfig::default();
+        let w = plain.plaintext_warning().unwrap();
+        assert!(
+            w.contains("every address") && w.contains("TYPHA_SERVERKEYFILE"),
+            "{w}"
+        );
+        for host in ["127.0.0.1", "::1", "[::1]", "localhost"] {
+            let c = TyphaConfig {
+                server_host: host.into(),
+                ..TyphaConfig::default()
+            };
+            assert_eq!(c.plaintext_warning(), None, "{host}");
+        }
+        let c = TyphaConfig {
+            server_host: "10.0.0.5".into(),
+            ..TyphaConfig::default()
+        };
+        assert!(
+            c.plaintext_warning()
+                .unwrap()
+                .contains("on 10.0.0.5, port 5473")
+        );
+        let tls = TyphaConfig {
+            server_key_file: "k".into(),
+            ..TyphaConfig::default()
+        };
+        assert_eq!(tls.plaintext_warning(), None);
     }
 
     #[test]

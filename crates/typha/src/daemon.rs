@@ -21,17 +21,34 @@ use crate::syncers::SyncerType;
 use crate::tls::{ServerTls, TYPHA_PARAMS, TlsFiles};
 use crate::upstream::{self, PipelineOptions, UpstreamStats};
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DaemonOptions {
     pub env: BTreeMap<String, String>,
     pub config_file: PathBuf,
     pub handle_signals: bool,
 }
 
+impl std::fmt::Debug for DaemonOptions {
+    /// The environment's names only: its values include secrets (ETCD_PASSWORD,
+    /// K8S_API_TOKEN, KUBECONFIG_INLINE).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DaemonOptions")
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("config_file", &self.config_file)
+            .field("handle_signals", &self.handle_signals)
+            .finish()
+    }
+}
+
 impl DaemonOptions {
     pub fn from_process(config_file: PathBuf) -> DaemonOptions {
+        // `vars()` would panic on an entry that is not UTF-8: leave such entries out, by name.
+        let (env, skipped) = crate::config::env_from_os(std::env::vars_os());
+        for name in skipped {
+            tracing::warn!(variable = %crate::server::shown(&name), "ignoring an environment variable whose name or value is not UTF-8");
+        }
         DaemonOptions {
-            env: std::env::vars().collect(),
+            env,
             config_file,
             handle_signals: true,
         }
@@ -114,7 +131,10 @@ pub async fn run_async(opts: DaemonOptions) -> u8 {
             }
         }
     } else {
-        tracing::info!("TLS not configured: serving plain TCP");
+        match config.plaintext_warning() {
+            Some(w) => tracing::warn!("{w}"),
+            None => tracing::info!("TLS not configured: serving plain TCP on loopback"),
+        }
         None
     };
     let env = opts.env.clone();
@@ -525,6 +545,21 @@ fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) ->
         st.snapshots_shared.load(Ordering::Relaxed),
     );
     counter(
+        "typha_connections_evicted_pending",
+        "Connections without a hello closed to make room for newer ones (ServerMaxPendingHandshakes).",
+        st.evicted_pending.load(Ordering::Relaxed),
+    );
+    counter(
+        "typha_snapshot_deadline_drops",
+        "Clients closed because their snapshot was not sent within the write timeout.",
+        st.dropped_snapshot_deadline.load(Ordering::Relaxed),
+    );
+    counter(
+        "typha_datastore_skipped_entries",
+        "Keys or values the datastore could not decode and skipped.",
+        margay_datastore::kv::skipped_entries(),
+    );
+    counter(
         "typha_frames_sent",
         "Frames written to clients.",
         st.frames_sent.load(Ordering::Relaxed),
@@ -536,6 +571,16 @@ fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) ->
     for (t, n) in server.connections_by_type() {
         let _ = writeln!(out, "typha_connections_active{{syncer=\"{t}\"}} {n}");
     }
+    let _ = writeln!(
+        out,
+        "# HELP typha_pending_handshakes Connections that have not finished their hello.\n# TYPE typha_pending_handshakes gauge\ntypha_pending_handshakes {}",
+        st.pending_handshakes.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP typha_snapshot_bytes Bytes of encoded snapshots being sent or kept for sharing.\n# TYPE typha_snapshot_bytes gauge\ntypha_snapshot_bytes {}",
+        st.snapshot_bytes.load(Ordering::Relaxed)
+    );
     let _ = writeln!(
         out,
         "# HELP typha_connection_limit Connections above which clients are asked to migrate.\n# TYPE typha_connection_limit gauge\ntypha_connection_limit {}",
@@ -603,6 +648,18 @@ fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) ->
             s.invalid.load(Ordering::Relaxed)
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP typha_oversized_values Values larger than a client accepts, served as deletions.\n# TYPE typha_oversized_values counter"
+    );
+    for t in &types {
+        let s = &pipelines[t].stats;
+        let _ = writeln!(
+            out,
+            "typha_oversized_values{{syncer=\"{t}\"}} {}",
+            s.oversized.load(Ordering::Relaxed)
+        );
+    }
     if let Some(rss) = crate::bench::rss_bytes(std::process::id()) {
         let _ = writeln!(
             out,
@@ -610,4 +667,49 @@ fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) ->
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn opts(pairs: &[(&str, &str)]) -> DaemonOptions {
+        DaemonOptions {
+            env: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            config_file: PathBuf::from("/nonexistent/typha.cfg"),
+            handle_signals: false,
+        }
+    }
+
+    #[test]
+    fn debug_output_shows_no_environment_values() {
+        let o = opts(&[("ETCD_PASSWORD", "s3cret"), ("K8S_API_TOKEN", "t0ken")]);
+        let shown = format!("{o:?}");
+        assert!(shown.contains("ETCD_PASSWORD"), "{shown}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("t0ken"),
+            "{shown}"
+        );
+    }
+
+    /// Each of issue 17's start-up panics is now exit code 2 (invalid configuration), before
+    /// anything is opened; a stray multi-byte name is simply not a Typha variable.
+    #[tokio::test]
+    async fn hostile_settings_exit_with_a_configuration_error() {
+        for (k, v) in [
+            ("TYPHA_SERVERPINGINTERVALSECS", "0"),
+            ("TYPHA_SHUTDOWNTIMEOUTSECS", "1e300"),
+            ("TYPHA_SERVERMAXFALLBEHINDSECS", "1e20"),
+            ("TYPHA_SERVERWRITETIMEOUTSECS", "0"),
+        ] {
+            assert_eq!(run_async(opts(&[(k, v)])).await, 2, "{k}={v}");
+        }
+        // Valid otherwise: fails later, on the datastore, not on the name.
+        let o = opts(&[("TYPHAé_SERVERPORT", "x"), ("DATASTORE_TYPE", "nonsense")]);
+        assert_eq!(run_async(o).await, 2);
+    }
 }

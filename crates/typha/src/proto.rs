@@ -29,6 +29,16 @@ pub const DEFAULT_MAX_SERVER_INBOUND: usize = 1 << 20;
 /// What a client accepts in one frame (after decompression): a KV batch holds at most 100
 /// values, but one value may be large.
 pub const DEFAULT_MAX_CLIENT_INBOUND: usize = 16 << 20;
+/// The largest frame a server reads from a client (the hello and pongs are all a client
+/// sends; a hello with a 253-byte hostname is well under 1 KiB).
+pub const MAX_CLIENT_FRAME: usize = 16 << 10;
+
+/// The largest value a server may put in a KV frame under `key` so that the frame stays
+/// within what clients accept ([`DEFAULT_MAX_CLIENT_INBOUND`]): the count, the key, its
+/// length, the kind, the revision and the value's length take at most 32 bytes more.
+pub fn max_served_value(key: &str) -> usize {
+    DEFAULT_MAX_CLIENT_INBOUND.saturating_sub(key.len() + 32)
+}
 
 /// Compression names used in the hello messages.
 pub const COMPRESSION_SNAPPY: &str = "snappy";
@@ -598,6 +608,13 @@ pub fn encode_kv_batches(
         *n = 0;
     };
     for kv in kvs {
+        // A KV larger than a whole batch gets a frame of its own (the one after it too, as
+        // the batch is then full), so a large value is never added to other KVs: its frame
+        // stays within what clients accept whenever the value does (`max_served_value`).
+        let size = kv.key.len() + kv.value.as_ref().map_or(0, |v| v.len()) + 32;
+        if n > 0 && size > max_bytes {
+            flush(&mut body, &mut n, &mut frames);
+        }
         put_kv(&mut body, &kv);
         n += 1;
         if n >= max_kvs.max(1) || body.len() >= max_bytes {
@@ -712,6 +729,29 @@ mod tests {
         // Compression happened (repetitive values).
         assert!(frames[0][5] & FLAG_SNAPPY != 0);
         assert_eq!(encode_kv_batches(kvs, 1000, 1000, false).len(), 25);
+    }
+
+    #[test]
+    fn a_large_kv_gets_a_frame_of_its_own() {
+        let kv = |i: i64, n: usize| Kv {
+            key: format!("/k/{i}"),
+            value: Some(Bytes::from(vec![b'a'; n])),
+            revision: i,
+            kind: UpdateKind::New,
+        };
+        let kvs = vec![kv(1, 10), kv(2, 10), kv(3, 5000), kv(4, 10)];
+        let frames = encode_kv_batches(kvs, 100, 1000, false);
+        let counts: Vec<usize> = frames
+            .iter()
+            .map(
+                |f| match decode_stream(f, DEFAULT_MAX_CLIENT_INBOUND).0.pop() {
+                    Some(Message::Kvs(k)) => k.len(),
+                    other => panic!("{other:?}"),
+                },
+            )
+            .collect();
+        // Before: the large KV joined the two small ones in one frame.
+        assert_eq!(counts, vec![2, 1, 1]);
     }
 
     #[test]

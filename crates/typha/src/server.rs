@@ -8,6 +8,15 @@
 //! and memory per client is its task, its socket buffers and its place in the chain. A client
 //! more than MaxFallBehind behind the newest crumb is disconnected.
 //!
+//! Memory a stranger can make the server hold is bounded (DESIGN.md "Hostile clients"):
+//! what a client sends is read into a buffer that grows only with the bytes that arrived, up
+//! to [`proto::MAX_CLIENT_FRAME`]; at most `max_pending_handshakes` connections may be
+//! without a hello at once (a new one closes the oldest: a real client sends its hello at
+//! once, so a flood of silent connections cannot lock it out); a snapshot is encoded once and
+//! shared by every client that joins while it is still being sent, and its whole send has
+//! one deadline (the write timeout), so clients that stop reading cannot pin one encoded
+//! snapshot each.
+//!
 //! Balancing: over the connection limit, one connection per drop interval is asked to migrate
 //! (a client that does not know `Migrate` is closed, as Calico does); on shutdown every
 //! connection is asked, spread over the drain period. A migrating client connects elsewhere,
@@ -45,6 +54,9 @@ pub struct ServerOptions {
     pub max_fall_behind: Duration,
     pub new_client_grace: Duration,
     pub max_inbound: usize,
+    /// Connections that have not finished their hello (TLS included) at once; over it, the
+    /// oldest is closed to make room for the new one.
+    pub max_pending_handshakes: usize,
     /// The connection limit at start; [`Server::set_connection_limit`] changes it while
     /// running (TYPHA_CONNECTIONREBALANCINGMODE=kubernetes).
     pub connection_limit: usize,
@@ -68,7 +80,8 @@ impl ServerOptions {
             write_timeout: c.server_write_timeout,
             max_fall_behind: c.server_max_fall_behind,
             new_client_grace: c.server_new_client_fall_behind_grace_period,
-            max_inbound: c.server_max_inbound_bytes,
+            max_inbound: c.server_max_inbound_bytes.min(proto::MAX_CLIENT_FRAME),
+            max_pending_handshakes: c.server_max_pending_handshakes,
             connection_limit: c.connection_limit(),
             migration_grace: c.migration_grace,
             drop_interval: c.connection_drop_interval,
@@ -97,6 +110,14 @@ pub struct ServerStats {
     pub snapshots_encoded: AtomicU64,
     pub snapshots_shared: AtomicU64,
     pub frames_sent: AtomicU64,
+    /// Connections accepted that have not finished their hello yet (a gauge).
+    pub pending_handshakes: AtomicU64,
+    /// Connections without a hello closed because `max_pending_handshakes` newer ones came.
+    pub evicted_pending: AtomicU64,
+    /// Bytes of encoded snapshots alive (being sent, or kept for clients about to join).
+    pub snapshot_bytes: AtomicU64,
+    /// Snapshots whose send did not finish within the write timeout.
+    pub dropped_snapshot_deadline: AtomicU64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +133,49 @@ enum Command {
     Abort,
 }
 
+/// A snapshot being shared: new clients reuse it while it is alive — held by a client still
+/// sending it, or kept by the server for `snapshot_reuse` — and not older than half of
+/// MaxFallBehind (the joiner catches up through the crumbs since, which whoever holds the
+/// snapshot keeps alive anyway). So at most one encoded snapshot per syncer type and
+/// compression is alive at a time, however many clients are slow to take it.
+struct Share {
+    base: std::sync::Weak<Crumb>,
+    cell: std::sync::Weak<SnapshotCell>,
+    /// Strong references for the reuse window (clients joining one after another).
+    fresh: Option<(Arc<Crumb>, Arc<SnapshotCell>)>,
+    at: Instant,
+}
+
+type SnapshotCell = tokio::sync::OnceCell<Frames>;
+
+/// Counts a connection as pending its hello until dropped.
+struct PendingGuard {
+    server: Arc<Server>,
+    id: u64,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        if lock(&self.server.pending).remove(&self.id).is_some() {
+            self.server
+                .stats
+                .pending_handshakes
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A string a client sent, for a log line: control characters escaped (a newline cannot
+/// forge a line), at most 200 characters.
+pub fn shown(s: &str) -> String {
+    const MAX: usize = 200;
+    let mut out: String = s.chars().take(MAX).flat_map(char::escape_debug).collect();
+    if s.chars().nth(MAX).is_some() {
+        out.push('…');
+    }
+    out
+}
+
 struct ConnEntry {
     syncer: SyncerType,
     can_migrate: bool,
@@ -125,11 +189,13 @@ pub struct Server {
     tls: Option<ServerTls>,
     conns: Mutex<HashMap<u64, ConnEntry>>,
     next_id: AtomicU64,
-    /// Per (syncer type, compressed): the crumb whose snapshot was computed last.
-    snapshot_base: Mutex<HashMap<(SyncerType, bool), Arc<Crumb>>>,
+    /// Per (syncer type, compressed): the snapshot computed last (see [`Share`]).
+    snapshot_base: Mutex<HashMap<(SyncerType, bool), Share>>,
     /// The connection limit in force (see `ServerOptions::connection_limit`).
     limit: AtomicUsize,
     shutting_down: AtomicBool,
+    /// Connections without a hello yet, oldest first: sending on one closes it.
+    pending: Mutex<std::collections::BTreeMap<u64, oneshot::Sender<()>>>,
     pub stats: ServerStats,
 }
 
@@ -159,6 +225,7 @@ impl Server {
             next_id: AtomicU64::new(1),
             snapshot_base: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
+            pending: Mutex::new(std::collections::BTreeMap::new()),
             stats: ServerStats::default(),
         })
     }
@@ -199,8 +266,21 @@ impl Server {
                 r = listener.accept() => match r {
                     Ok((stream, peer)) => {
                         self.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                        let (guard, evict) = self.register_pending();
                         let s = self.clone();
-                        tokio::spawn(async move { s.handle(stream, peer).await });
+                        tokio::spawn(async move {
+                            // Evicted before its hello: the connection is dropped (closed).
+                            // After the hello the guard is gone, and so is the sender.
+                            let evicted = async {
+                                if evict.await.is_err() {
+                                    std::future::pending::<()>().await;
+                                }
+                            };
+                            tokio::select! {
+                                _ = s.handle(stream, peer, guard) => {}
+                                _ = evicted => {}
+                            }
+                        });
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "accepting a connection failed");
@@ -215,6 +295,49 @@ impl Server {
         }
     }
 
+    /// Registers a connection as waiting for its hello; over the cap, the oldest such
+    /// connection is told to close.
+    fn register_pending(self: &Arc<Self>) -> (PendingGuard, oneshot::Receiver<()>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let victim = {
+            let mut p = lock(&self.pending);
+            let victim = if p.len() >= self.opts.max_pending_handshakes.max(1) {
+                p.pop_first()
+            } else {
+                None
+            };
+            p.insert(id, tx);
+            victim
+        };
+        match victim {
+            Some((_, v)) => {
+                let _ = v.send(());
+                let n = self.stats.evicted_pending.fetch_add(1, Ordering::Relaxed);
+                // Once, then every 1000th: a flood must not flood the log too.
+                if n.is_multiple_of(1000) {
+                    tracing::warn!(
+                        evicted = n + 1,
+                        "{} connections have not finished their hello; closing the oldest for each new one (TYPHA_SERVERMAXPENDINGHANDSHAKES)",
+                        self.opts.max_pending_handshakes
+                    );
+                }
+            }
+            None => {
+                self.stats
+                    .pending_handshakes
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        (
+            PendingGuard {
+                server: self.clone(),
+                id,
+            },
+            rx,
+        )
+    }
+
     /// Drops stale shared snapshots; over the limit, asks one connection per drop interval
     /// to migrate.
     async fn housekeeping(self: Arc<Self>, _stop: watch::Receiver<bool>) {
@@ -225,7 +348,16 @@ impl Server {
         loop {
             tick.tick().await;
             let reuse = self.opts.snapshot_reuse;
-            lock(&self.snapshot_base).retain(|_, c| c.at.elapsed() <= reuse * 2);
+            let mut alive = 0u64;
+            lock(&self.snapshot_base).retain(|_, sh| {
+                if sh.at.elapsed() > reuse * 2 {
+                    sh.fresh = None;
+                }
+                let frames = sh.cell.upgrade().and_then(|c| c.get().cloned());
+                alive += frames.map_or(0, |f| f.iter().map(|b| b.len() as u64).sum());
+                sh.cell.strong_count() > 0
+            });
+            self.stats.snapshot_bytes.store(alive, Ordering::Relaxed);
             if self.shutting_down.load(Ordering::Relaxed) {
                 continue;
             }
@@ -318,10 +450,10 @@ impl Server {
         }
     }
 
-    async fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+    async fn handle(self: Arc<Self>, stream: TcpStream, peer: SocketAddr, pending: PendingGuard) {
         let _ = stream.set_nodelay(true);
         match &self.tls {
-            None => self.connection(stream, peer).await,
+            None => self.connection(stream, peer, pending).await,
             Some(tls) => {
                 let accepted =
                     tokio::time::timeout(self.opts.handshake_timeout, tls.acceptor.accept(stream))
@@ -375,7 +507,7 @@ impl Server {
                     .await;
                     return;
                 }
-                self.connection(stream, peer).await
+                self.connection(stream, peer, pending).await
             }
         }
     }
@@ -384,6 +516,7 @@ impl Server {
         self: Arc<Self>,
         stream: S,
         peer: SocketAddr,
+        pending: PendingGuard,
     ) {
         let (mut rd, mut wr) = tokio::io::split(stream);
         let hello = match wire::read_frame_timeout(
@@ -421,6 +554,7 @@ impl Server {
                 return;
             }
         };
+        drop(pending);
         let Some((version, syncer)) = self.check_hello(&hello, peer, &mut wr).await else {
             return;
         };
@@ -450,7 +584,7 @@ impl Server {
         };
         if full {
             self.stats.refused_full.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(%peer, host = %hello.hostname, "refusing a migrating client: this Typha is at its connection limit too");
+            tracing::info!(%peer, host = %shown(&hello.hostname), "refusing a migrating client: this Typha is at its connection limit too");
             let msg = format!(
                 "this Typha is at its connection limit ({}); try another",
                 self.connection_limit()
@@ -463,7 +597,7 @@ impl Server {
             server: self.clone(),
             id,
         };
-        tracing::info!(%peer, host = %hello.hostname, info = %hello.info, syncer = %syncer, compress, conn = id, "Client connected");
+        tracing::info!(%peer, host = %shown(&hello.hostname), info = %shown(&hello.info), syncer = %syncer, compress, conn = id, "Client connected");
 
         let server_hello = Message::ServerHello(ServerHello {
             version,
@@ -523,22 +657,30 @@ impl Server {
             return;
         };
         let started = Instant::now();
-        let (mut crumb, snapshot) = match self.join(syncer, compress, cache).await {
-            (c, Some(f)) => (c, f),
-            (_, None) => return,
+        let (mut crumb, cell, snapshot) = match self.join(syncer, compress, cache).await {
+            (c, cell, Some(f)) => (c, cell, f),
+            (_, _, None) => return,
         };
-        if let Err(e) = wire::write_frames(&mut wr, &snapshot, self.opts.write_timeout).await {
+        if let Err(e) = wire::write_frames_within(&mut wr, &snapshot, self.opts.write_timeout).await
+        {
+            if matches!(e, wire::WriteError::Timeout(_)) {
+                self.stats
+                    .dropped_snapshot_deadline
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             self.note_write_error(&e);
-            tracing::warn!(%peer, conn = id, error = %e, "sending the snapshot failed; closing the connection");
+            tracing::warn!(%peer, conn = id, error = %e, "sending the snapshot failed (the whole snapshot must be sent within TYPHA_SERVERWRITETIMEOUTSECS); closing the connection");
             return;
         }
         self.stats
             .frames_sent
             .fetch_add(snapshot.len() as u64, Ordering::Relaxed);
         drop(snapshot);
+        drop(cell);
         tracing::debug!(%peer, conn = id, seq = crumb.seq, keys = crumb.snapshot.len(), took = ?started.elapsed(), "snapshot sent");
 
-        let mut ping = tokio::time::interval(self.opts.ping_interval);
+        // The configuration refuses 0; options built in code must not panic the timer either.
+        let mut ping = tokio::time::interval(self.opts.ping_interval.max(Duration::from_millis(1)));
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ping.tick().await;
         let mut grace_deadline: Option<tokio::time::Instant> = None;
@@ -594,7 +736,7 @@ impl Server {
                 }
             }
         };
-        tracing::info!(%peer, host = %hello.hostname, conn = id, reason = %reason, "Client disconnected");
+        tracing::info!(%peer, host = %shown(&hello.hostname), conn = id, reason = %reason, "Client disconnected");
     }
 
     /// Sends `crumb` and every crumb after it that is already published; leaves `crumb` at
@@ -690,11 +832,11 @@ impl Server {
                 .version_mismatches
                 .fetch_add(1, Ordering::Relaxed);
             let msg = format!(
-                "protocol version mismatch: this Typha ({}) speaks versions {}..={}, the client {:?} speaks {}..={}; upgrade the older side",
+                "protocol version mismatch: this Typha ({}) speaks versions {}..={}, the client \"{}\" speaks {}..={}; upgrade the older side",
                 self.opts.server_id,
                 proto::MIN_PROTOCOL_VERSION,
                 proto::PROTOCOL_VERSION,
-                h.hostname,
+                shown(&h.hostname),
                 h.min_version,
                 h.max_version
             );
@@ -715,8 +857,8 @@ impl Server {
         let Some(syncer) = syncer else {
             let served: Vec<&str> = self.caches.keys().map(|t| t.name()).collect();
             let msg = format!(
-                "syncer type {:?} is not served here (served: {})",
-                h.syncer_type,
+                "syncer type \"{}\" is not served here (served: {})",
+                shown(&h.syncer_type),
                 served.join(", ")
             );
             tracing::warn!(%peer, "{msg}");
@@ -729,30 +871,45 @@ impl Server {
         Some((version, syncer))
     }
 
-    /// The crumb a new client starts at, and its snapshot frames: the last computed snapshot
-    /// when it is recent (clients joining together share it), else the newest crumb's.
+    /// The crumb a new client starts at, and its snapshot frames (with the cell that keeps
+    /// them shared while the client sends them): the snapshot being shared when there is
+    /// one (see [`Share`]), else the newest crumb's.
     async fn join(
         &self,
         syncer: SyncerType,
         compress: bool,
         cache: &CacheReader,
-    ) -> (Arc<Crumb>, Option<Frames>) {
+    ) -> (Arc<Crumb>, Arc<SnapshotCell>, Option<Frames>) {
         let latest = cache.latest();
-        let base = {
-            let mut bases = lock(&self.snapshot_base);
-            match bases.get(&(syncer, compress)) {
-                Some(b) if b.at.elapsed() <= self.opts.snapshot_reuse && b.seq <= latest.seq => {
+        let max_age = (self.opts.max_fall_behind / 2).max(self.opts.snapshot_reuse);
+        let (base, cell) = {
+            let mut shares = lock(&self.snapshot_base);
+            let reuse = shares.get(&(syncer, compress)).and_then(|sh| {
+                let base = sh.base.upgrade()?;
+                let cell = sh.cell.upgrade()?;
+                (sh.at.elapsed() <= max_age && base.seq <= latest.seq).then_some((base, cell))
+            });
+            match reuse {
+                Some(shared) => {
                     self.stats.snapshots_shared.fetch_add(1, Ordering::Relaxed);
-                    b.clone()
+                    shared
                 }
-                _ => {
-                    bases.insert((syncer, compress), latest.clone());
-                    latest
+                None => {
+                    let cell = Arc::new(SnapshotCell::new());
+                    shares.insert(
+                        (syncer, compress),
+                        Share {
+                            base: Arc::downgrade(&latest),
+                            cell: Arc::downgrade(&cell),
+                            fresh: Some((latest.clone(), cell.clone())),
+                            at: Instant::now(),
+                        },
+                    );
+                    (latest, cell)
                 }
             }
         };
         let (max_kvs, max_bytes) = (self.opts.max_kvs_per_msg, self.opts.max_frame_payload);
-        let cell = &base.snapshot_frames[usize::from(compress)];
         let frames = cell
             .get_or_try_init(|| {
                 let b = base.clone();
@@ -770,7 +927,7 @@ impl Server {
         if frames.is_none() {
             tracing::error!(syncer = %syncer, "encoding the snapshot failed");
         }
-        (base, frames)
+        (base, cell, frames)
     }
 
     /// The newest status of a syncer type's cache (for health).

@@ -26,6 +26,8 @@ pub struct UpstreamStats {
     pub watch_errors: AtomicU64,
     /// Values the validation filter turned into deletions.
     pub invalid: AtomicU64,
+    /// Values too large for any client's frame limit, served as deletions.
+    pub oversized: AtomicU64,
     pub updates: AtomicU64,
     pub crumbs: AtomicU64,
 }
@@ -51,12 +53,22 @@ impl Default for PipelineOptions {
 }
 
 /// The validation filter: the value to serve for a key (None: serve a deletion).
+///
+/// A value too large for the frame a client accepts would make every client refuse the frame
+/// and reconnect forever; it is served as deleted and reported, naming the key (the
+/// datastore refuses such values on write, but another writer may have stored one).
 pub fn filter_value(
     ty: SyncerType,
     class: &KeyClass,
     kv: &KeyValue,
     stats: &UpstreamStats,
 ) -> Option<Bytes> {
+    let max = crate::proto::max_served_value(&kv.key);
+    if kv.value.len() > max {
+        stats.oversized.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(syncer = %ty, key = %kv.key, size = kv.value.len(), max, "stored value is larger than Typha's clients accept in one frame; serving it as deleted (shrink or delete the resource)");
+        return None;
+    }
     match class {
         KeyClass::Raw => Some(Bytes::copy_from_slice(&kv.value)),
         KeyClass::Resource(key) => match margay_datastore::client::decode(kv) {

@@ -35,16 +35,25 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<M
         }
     }
     let h = proto::parse_len(len, max)?;
-    let mut body = vec![0u8; h.len];
-    match r.read_exact(&mut body).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Err(ReadError::Truncated);
+    // The body grows with what actually arrives (at most doubling, from 8 KiB): a peer that
+    // declares a large frame and sends nothing costs nothing, and one that trickles bytes
+    // costs about what it sent.
+    let mut body: Vec<u8> = Vec::new();
+    while body.len() < h.len {
+        let start = body.len();
+        let want = (h.len - start).min(start.max(READ_CHUNK));
+        body.resize(start + want, 0);
+        match r.read(&mut body[start..]).await {
+            Ok(0) => return Err(ReadError::Truncated),
+            Ok(n) => body.truncate(start + n),
+            Err(e) => return Err(ReadError::Io(e)),
         }
-        Err(e) => return Err(ReadError::Io(e)),
     }
     Ok(proto::decode_body(Bytes::from(body), max)?)
 }
+
+/// The first read of a frame body; later reads at most double what has arrived.
+const READ_CHUNK: usize = 8 << 10;
 
 /// Reads one frame within `timeout`.
 pub async fn read_frame_timeout<R: AsyncRead + Unpin>(
@@ -130,6 +139,19 @@ pub async fn write_frames<W: AsyncWrite + Unpin>(
     match tokio::time::timeout(timeout, w.flush()).await {
         Ok(r) => Ok(r?),
         Err(_) => Err(WriteError::Timeout(timeout)),
+    }
+}
+
+/// Writes several frames (as [`write_frames`]) with one deadline for all of them: a client
+/// that reads just enough to keep each write call alive cannot hold a snapshot for longer.
+pub async fn write_frames_within<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frames: &[Bytes],
+    deadline: Duration,
+) -> Result<(), WriteError> {
+    match tokio::time::timeout(deadline, write_frames(w, frames, deadline)).await {
+        Ok(r) => r,
+        Err(_) => Err(WriteError::Timeout(deadline)),
     }
 }
 

@@ -320,7 +320,8 @@ async fn truncated_frames_are_closed() {
 async fn oversized_frames_are_refused_without_reading_them() {
     let cfg = fast_config();
     let mut s = setup(&cfg, None, 50).await;
-    let limit = cfg.server_max_inbound_bytes;
+    // Clients only send a hello and pongs: the server reads at most 16 KiB per frame.
+    let limit = cfg.server_max_inbound_bytes.min(proto::MAX_CLIENT_FRAME);
 
     // A header announcing one byte over the limit: refused on the header alone (the server
     // does not wait for, or allocate, the body).
@@ -687,4 +688,91 @@ async fn bad_client_certificates_are_refused() {
     assert!(logged("client certificate refused"));
     assert!(logged("TLS handshake failed"));
     let _ = std::io::stderr().flush();
+}
+
+/// A hostname with a newline cannot forge a line in Typha's log: client strings are logged
+/// escaped (before the fix the newline went into the log as is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_strings_cannot_forge_log_lines() {
+    let cfg = fast_config();
+    let mut s = setup(&cfg, None, 5).await;
+    let forged = "FORGED-by-hostname level=ERROR";
+    let mut c = handshaken(&s.addr(), &format!("forger\n{forged}\r")).await;
+    wait_for("the forger connected", BOUND, || {
+        s.typha.server.connections() == 2
+    })
+    .await;
+    c.shutdown().await.unwrap();
+    drop(c);
+    s.only_good_client_left(BOUND).await;
+    s.good_client_still_receives().await;
+    let logs = String::from_utf8_lossy(&LOGS.lock().unwrap()).to_string();
+    assert!(
+        logs.contains(&format!("forger\\n{forged}\\r")),
+        "escaped in the log"
+    );
+    assert!(
+        !logs.lines().any(|l| l.starts_with(forged)),
+        "a line was forged:\n{logs}"
+    );
+}
+
+/// A stored value larger than any client accepts in one frame: before the fix Typha sent
+/// it and every client refused the frame and reconnected forever; now it is served as
+/// deleted and reported (a counter and a log line naming the key), and the clients stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_too_large_for_clients_are_reported_not_sent() {
+    // Another writer stored it (margay's own writers refuse it): lift this process's limit.
+    margay_datastore::kv::set_max_value_size(64 << 20);
+    let cfg = fast_config();
+    let s = setup(&cfg, None, 5).await;
+    // An IPAM block: served as stored, without decoding.
+    let key = "/calico/ipam/v2/assignment/ipv4/block/10.9.0.0-26";
+    let huge = vec![b'x'; proto::DEFAULT_MAX_CLIENT_INBOUND + 1];
+    s.kv.create(key, huge, None).await.unwrap();
+    let stats = s.typha.upstream[&margay_typha::SyncerType::Felix].clone();
+    wait_for("the huge value reported", BOUND, || {
+        stats.oversized.load(Ordering::Relaxed) == 1
+    })
+    .await;
+    assert!(logged("block/10.9.0.0-26"));
+    // Later updates still arrive, on the same connection; the huge value never does.
+    put(&s.kv, 1, 42).await;
+    wait_for("an update after the huge value", BOUND, || {
+        s.good
+            .view()
+            .get(&common::key(1))
+            .is_some_and(|(v, _)| *v == value(1, 42))
+    })
+    .await;
+    assert!(!s.good.view().contains_key(key));
+    assert_eq!(
+        s.good.stats.connects.load(Ordering::Relaxed),
+        1,
+        "the client reconnected"
+    );
+    // A value just within the limit goes out (the check is not too tight), in a frame of
+    // its own even when other changes are batched with it.
+    let fits = vec![b'y'; proto::max_served_value(key)];
+    s.kv.update(key, fits, None, None).await.unwrap();
+    put(&s.kv, 2, 43).await;
+    wait_for(
+        "the value that fits delivered",
+        Duration::from_secs(10),
+        || {
+            s.good
+                .view()
+                .get(key)
+                .is_some_and(|(v, _)| v.len() == proto::max_served_value(key))
+        },
+    )
+    .await;
+    assert_eq!(s.good.stats.connects.load(Ordering::Relaxed), 1);
+    // A new client gets it in its snapshot too.
+    let late = TestClient::start(client_opts(vec![s.addr()], "late-felix"));
+    wait_for("the late client in sync", Duration::from_secs(10), || {
+        late.view().contains_key(key)
+    })
+    .await;
+    assert_eq!(late.stats.connects.load(Ordering::Relaxed), 1);
 }

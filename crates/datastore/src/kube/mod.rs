@@ -228,7 +228,11 @@ impl KubeBackend {
                     Ok(_) => {}
                     // One bad object never hides the rest; the syncer reports undecodable values.
                     Err(e) => {
-                        tracing::warn!(error = %e, "skipping an object that does not convert")
+                        let name = obj
+                            .pointer("/metadata/name")
+                            .and_then(|n| n.as_str())
+                            .unwrap_or_default();
+                        crate::kv::note_skipped("kubernetes", name.as_bytes(), &e.to_string());
                     }
                 }
             }
@@ -552,6 +556,7 @@ impl KvBackend for KubeBackend {
 
     async fn create(&self, key: &str, value: Vec<u8>, ttl: Option<Duration>) -> Result<KeyValue> {
         refuse_ttl(key, ttl)?;
+        crate::kv::check_value_size(key, &value)?;
         self.create_kv(key, &value).await
     }
 
@@ -563,6 +568,7 @@ impl KvBackend for KubeBackend {
         ttl: Option<Duration>,
     ) -> Result<KeyValue> {
         refuse_ttl(key, ttl)?;
+        crate::kv::check_value_size(key, &value)?;
         if expected.is_some() {
             return self.update_kv(key, &value, expected).await;
         }
