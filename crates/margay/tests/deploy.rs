@@ -2249,8 +2249,8 @@ fn cni_plugin_wires_a_pod_as_installed_within_its_rbac() {
         .unwrap();
     // The API server listens inside the node's namespace (its loopback), where the plugin runs.
     let ns_file =
-        margay_cni::netns::open(Path::new(&format!("/run/netns/{}", host.name()))).unwrap();
-    let api = margay_cni::netns::run_in(&ns_file, || {
+        margay_netlink::netns::open(Path::new(&format!("/run/netns/{}", host.name()))).unwrap();
+    let api = margay_netlink::netns::run_in(&ns_file, || {
         ApiServer::start(ServerOptions::default()).map_err(std::io::Error::other)
     })
     .unwrap();

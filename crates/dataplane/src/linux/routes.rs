@@ -47,9 +47,9 @@ use margay_api::net::Cidr;
 use margay_calc::{
     EncapMode, Message, PoolData, PoolType, Route, Vtep, WorkloadEndpointId, route_type,
 };
-use rtnetlink::packet_route::AddressFamily;
-use rtnetlink::packet_route::RouteNetlinkMessage;
-use rtnetlink::packet_route::route::{
+use margay_netlink::packet_route::AddressFamily;
+use margay_netlink::packet_route::RouteNetlinkMessage;
+use margay_netlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
     RouteType,
 };
@@ -1035,11 +1035,11 @@ impl RouteManager {
             links.iter().map(|l| (l.name.as_str(), l.index)).collect();
 
         let mut kernel = nl
-            .routes(AddressFamily::Inet)
+            .route_messages(AddressFamily::Inet)
             .map_err(nl_err("listing IPv4 routes"))?;
         if self.ipv6 {
             kernel.extend(
-                nl.routes(AddressFamily::Inet6)
+                nl.route_messages(AddressFamily::Inet6)
                     .map_err(nl_err("listing IPv6 routes"))?,
             );
         }
