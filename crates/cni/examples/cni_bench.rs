@@ -109,6 +109,18 @@ impl Bench {
     }
 }
 
+/// User + system time of this process's waited-for children (`/proc/self/stat` cutime and
+/// cstime, in clock ticks of 1/100 s).
+fn children_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // cutime and cstime are fields 16 and 17 of the whole line: 13 and 14 after the name.
+    let ticks: u64 = fields[13].parse::<u64>().unwrap() + fields[14].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 10)
+}
+
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -138,11 +150,17 @@ fn round(
 ) {
     // Sequential ADDs, each a new pod.
     let mut add = Vec::new();
+    let cpu_before = children_cpu();
     for (i, pod) in pods.iter().take(sequential).enumerate() {
         let t = Instant::now();
         Bench::wait(bench.spawn("ADD", pod, &format!("{tag}s{i}")));
         add.push(t.elapsed());
     }
+    // CPU time barely depends on what else the machine runs, unlike wall time.
+    println!(
+        "{label}: ADD CPU time (user+sys) {:.1} ms per call",
+        (children_cpu() - cpu_before).as_secs_f64() * 1e3 / sequential.max(1) as f64
+    );
     if std::env::var_os("CNI_BENCH_VERBOSE").is_some() {
         let ms: Vec<String> = add
             .iter()
