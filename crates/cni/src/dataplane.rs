@@ -13,9 +13,16 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::netlink::{Link, Netlink, Route, is_exists};
-use crate::netns;
+use margay_api::net::Cidr;
+use margay_netlink::sysctl::ProcSys;
+use margay_netlink::{Link, Netlink, Route, is_exists, netns};
+
 use crate::workload::{GATEWAY_V4, HOST_MAC, mac_string};
+
+/// Writes a setting under `/proc/sys` in the calling thread's namespace.
+fn write_sysctl(path: &str, value: &str) -> io::Result<()> {
+    ProcSys::default().write(path, value)
+}
 
 /// How long to wait for the host side's IPv6 link-local address.
 const LINK_LOCAL_WAIT: Duration = Duration::from_secs(2);
@@ -92,7 +99,7 @@ pub fn set_up(spec: &Spec<'_>) -> Result<SetUp, DataplaneError> {
     let mut host = Netlink::open().map_err(DataplaneError::io("opening netlink"))?;
     // A leftover from an earlier attempt for the same workload is replaced (as Calico does).
     if host
-        .delete_link(spec.host_veth)
+        .delete_link_named(spec.host_veth)
         .map_err(DataplaneError::io(format!(
             "deleting old {}",
             spec.host_veth
@@ -124,7 +131,7 @@ pub fn set_up(spec: &Spec<'_>) -> Result<SetUp, DataplaneError> {
     match configure(spec, &mut host, &ns) {
         Ok(done) => Ok(done),
         Err(e) => {
-            if let Err(de) = host.delete_link(spec.host_veth) {
+            if let Err(de) = host.delete_link_named(spec.host_veth) {
                 tracing::warn!(
                     iface = spec.host_veth,
                     "removing the half-configured interface: {de}"
@@ -143,14 +150,14 @@ fn configure(spec: &Spec<'_>, host: &mut Netlink, ns: &File) -> Result<SetUp, Da
     let mut cont = netns::run_in(ns, || {
         let nl = Netlink::open()?;
         if v6 {
-            netns::write_sysctl("net/ipv6/conf/all/disable_ipv6", "0")?;
-            netns::write_sysctl("net/ipv6/conf/default/disable_ipv6", "0")?;
-            netns::write_sysctl("net/ipv6/conf/lo/disable_ipv6", "0")?;
-            netns::write_sysctl(&format!("net/ipv6/conf/{ifname}/accept_dad"), "0")?;
-            netns::write_sysctl("net/ipv6/conf/all/forwarding", forwarding)?;
+            write_sysctl("net/ipv6/conf/all/disable_ipv6", "0")?;
+            write_sysctl("net/ipv6/conf/default/disable_ipv6", "0")?;
+            write_sysctl("net/ipv6/conf/lo/disable_ipv6", "0")?;
+            write_sysctl(&format!("net/ipv6/conf/{ifname}/accept_dad"), "0")?;
+            write_sysctl("net/ipv6/conf/all/forwarding", forwarding)?;
         }
         if v4 {
-            netns::write_sysctl("net/ipv4/ip_forward", forwarding)?;
+            write_sysctl("net/ipv4/ip_forward", forwarding)?;
         }
         Ok(nl)
     })
@@ -212,7 +219,10 @@ fn configure(spec: &Spec<'_>, host: &mut Netlink, ns: &File) -> Result<SetUp, Da
         ))?;
     }
     for ip in spec.ips {
-        match cont.add_addr(cont_link.index, *ip, host_len(ip)) {
+        let cidr = Cidr::new(*ip, host_len(ip)).map_err(|e| {
+            DataplaneError::Conflict(format!("the pod address {ip} is not usable: {e}"))
+        })?;
+        match cont.add_address(cont_link.index, cidr) {
             Ok(()) => {}
             Err(e) if is_exists(&e) => {}
             Err(e) => {
@@ -244,11 +254,11 @@ fn add_route_idempotent(nl: &mut Netlink, r: &Route) -> io::Result<()> {
 
 fn host_sysctls(veth: &str, v4: bool, v6: bool) -> Result<(), DataplaneError> {
     let set = |path: String, value: &str| {
-        netns::write_sysctl(&path, value).map_err(DataplaneError::io("host-side sysctl"))
+        write_sysctl(&path, value).map_err(DataplaneError::io("host-side sysctl"))
     };
     if v4 {
         set(format!("net/ipv4/conf/{veth}/route_localnet"), "1")?;
-        if let Err(e) = netns::write_sysctl(&format!("net/ipv4/neigh/{veth}/proxy_delay"), "0") {
+        if let Err(e) = write_sysctl(&format!("net/ipv4/neigh/{veth}/proxy_delay"), "0") {
             tracing::warn!("{e}");
         }
         set(format!("net/ipv4/conf/{veth}/proxy_arp"), "1")?;
@@ -260,7 +270,7 @@ fn host_sysctls(veth: &str, v4: bool, v6: bool) -> Result<(), DataplaneError> {
         set(format!("net/ipv6/conf/{veth}/proxy_ndp"), "1")?;
         set(format!("net/ipv6/conf/{veth}/forwarding"), "1")?;
     }
-    if let Err(e) = netns::write_sysctl(&format!("net/ipv6/conf/{veth}/accept_ra"), "0") {
+    if let Err(e) = write_sysctl(&format!("net/ipv6/conf/{veth}/accept_ra"), "0") {
         tracing::warn!("{e}");
     }
     Ok(())
@@ -295,10 +305,12 @@ fn host_mac(host: &mut Netlink, name: &str) -> Result<Link, DataplaneError> {
 fn wait_link_local(host: &mut Netlink, index: u32, name: &str) -> Result<Ipv6Addr, DataplaneError> {
     let deadline = Instant::now() + LINK_LOCAL_WAIT;
     loop {
-        let addrs = host.addrs(index).map_err(DataplaneError::io(format!(
-            "reading the addresses of {name}"
-        )))?;
-        if let Some(ll) = addrs.iter().find_map(|a| match a.ip {
+        let addrs = host
+            .addresses_of(index)
+            .map_err(DataplaneError::io(format!(
+                "reading the addresses of {name}"
+            )))?;
+        if let Some(ll) = addrs.iter().find_map(|a| match a.cidr.addr() {
             IpAddr::V6(v6) if a.link_scope && !a.tentative => Some(v6),
             _ => None,
         }) {
@@ -324,7 +336,7 @@ fn host_route(
         Ok(()) => Ok(()),
         Err(e) if is_exists(&e) => {
             let routes = host
-                .routes(ip.is_ipv6())
+                .main_routes(ip.is_ipv6())
                 .map_err(DataplaneError::io("listing host routes"))?;
             let existing = routes
                 .iter()
@@ -334,7 +346,7 @@ fn host_route(
                 Some(r) => {
                     let other = r
                         .oif
-                        .and_then(|i| host.link_name(i).ok().flatten())
+                        .and_then(|i| host.link_by_index(i).ok().flatten().map(|l| l.name))
                         .unwrap_or_else(|| "another interface".to_string());
                     Err(DataplaneError::Conflict(format!(
                         "a route to {ip} already exists through {other}, not {veth}: another workload may still hold this address"
@@ -362,15 +374,15 @@ pub fn tear_down(netns_path: &Path, ifname: &str) -> Result<bool, DataplaneError
         Err(e) => return Err(e),
     };
     let name = ifname.to_string();
-    netns::run_in(&ns, || Netlink::open()?.delete_link(&name)).map_err(DataplaneError::io(format!(
-        "deleting {ifname} in the container"
-    )))
+    netns::run_in(&ns, || Netlink::open()?.delete_link_named(&name)).map_err(DataplaneError::io(
+        format!("deleting {ifname} in the container"),
+    ))
 }
 
 /// Removes the host side by name; Ok(false) if it is not there.
 pub fn delete_host_link(name: &str) -> Result<bool, DataplaneError> {
     Netlink::open()
-        .and_then(|mut nl| nl.delete_link(name))
+        .and_then(|mut nl| nl.delete_link_named(name))
         .map_err(DataplaneError::io(format!("deleting {name}")))
 }
 
@@ -403,7 +415,7 @@ pub fn check(spec: &Spec<'_>) -> Result<Vec<String>, DataplaneError> {
                     continue;
                 }
                 let routes = host
-                    .routes(v6)
+                    .main_routes(v6)
                     .map_err(DataplaneError::io("listing host routes"))?;
                 for ip in spec.ips.iter().filter(|ip| ip.is_ipv6() == v6) {
                     let ok = routes.iter().any(|r| {
@@ -436,9 +448,9 @@ pub fn check(spec: &Spec<'_>) -> Result<Vec<String>, DataplaneError> {
         if !l.up {
             problems.push(format!("container interface {ifname} is down"));
         }
-        let addrs = nl.addrs(l.index)?;
+        let addrs = nl.addresses_of(l.index)?;
         for ip in &ips {
-            if !addrs.iter().any(|a| a.ip == *ip && a.prefix == host_len(ip)) {
+            if !addrs.iter().any(|a| a.cidr.addr() == *ip && a.cidr.prefix() == host_len(ip)) {
                 problems.push(format!(
                     "container interface {ifname} lacks the address {ip}/{}",
                     host_len(ip)
@@ -446,7 +458,7 @@ pub fn check(spec: &Spec<'_>) -> Result<Vec<String>, DataplaneError> {
             }
         }
         if ips.iter().any(IpAddr::is_ipv4) {
-            let routes = nl.routes(false)?;
+            let routes = nl.main_routes(false)?;
             let gw = IpAddr::V4(GATEWAY_V4);
             if !routes
                 .iter()
@@ -464,7 +476,7 @@ pub fn check(spec: &Spec<'_>) -> Result<Vec<String>, DataplaneError> {
             }
         }
         if ips.iter().any(IpAddr::is_ipv6) {
-            let routes = nl.routes(true)?;
+            let routes = nl.main_routes(true)?;
             if !routes.iter().any(|r| {
                 r.prefix == 0
                     && r.oif == Some(l.index)

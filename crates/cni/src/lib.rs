@@ -14,8 +14,6 @@ pub mod dataplane;
 pub mod delegate;
 pub mod install;
 pub mod k8s;
-pub mod netlink;
-pub mod netns;
 pub mod plugin;
 pub mod spec;
 pub mod storm;

@@ -128,9 +128,9 @@ async fn wait_for_signal() {
 fn forward_from(namespaces: &[String], upstream: SocketAddr) -> Result<(), LabError> {
     for ns in namespaces {
         let path = format!("/run/netns/{ns}");
-        let file = margay_cni::netns::open(Path::new(&path))
+        let file = margay_netlink::netns::open(Path::new(&path))
             .map_err(|e| other(format!("namespace {ns}: {e}")))?;
-        let listener = margay_cni::netns::run_in(&file, || {
+        let listener = margay_netlink::netns::run_in(&file, || {
             let l = std::net::TcpListener::bind(("127.0.0.1", upstream.port()))?;
             l.set_nonblocking(true)?;
             Ok(l)

@@ -1296,9 +1296,10 @@ struct Api {
 
 impl Api {
     fn start(node: &Node) -> Api {
-        let ns = margay_cni::netns::open(Path::new(&format!("/run/netns/{}", node.host.name())))
-            .unwrap();
-        let server = margay_cni::netns::run_in(&ns, || {
+        let ns =
+            margay_netlink::netns::open(Path::new(&format!("/run/netns/{}", node.host.name())))
+                .unwrap();
+        let server = margay_netlink::netns::run_in(&ns, || {
             ApiServer::start(ServerOptions {
                 calico_crds: true,
                 ..ServerOptions::default()
@@ -1870,8 +1871,9 @@ fn k8s_unknown_pod_fails_add_with_nothing_leaked() {
     node.assert_clean();
     // Bound in the node's host namespace, where the plugin dials it.
     let host_ns =
-        margay_cni::netns::open(Path::new(&format!("/run/netns/{}", node.host.name()))).unwrap();
-    margay_cni::netns::run_in(&host_ns, || {
+        margay_netlink::netns::open(Path::new(&format!("/run/netns/{}", node.host.name())))
+            .unwrap();
+    margay_netlink::netns::run_in(&host_ns, || {
         api.server.start_again().map_err(std::io::Error::other)
     })
     .unwrap();

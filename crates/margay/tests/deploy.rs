@@ -22,14 +22,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use margay_apiserver::{ApiServer, Gvr, ServerOptions};
 use margay_kdd::crd::CALICO_CRDS;
+use margay_testkit::roles::{self, Role, wait_until};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -389,69 +389,14 @@ fn has_role(role: &str) -> bool {
         .any(|l| l.split_whitespace().next() == Some(role))
 }
 
-/// A long-running child, killed when dropped (also when a test fails).
-struct Proc {
-    child: Option<Child>,
-    log: PathBuf,
-    what: String,
+/// Bounded wait (WAIT) until `f` answers.
+fn wait_for<T>(what: &str, f: impl FnMut() -> Result<T, String>) -> T {
+    wait_until(what, WAIT, f)
 }
 
-impl Proc {
-    fn spawn(mut c: Command, log: PathBuf, what: &str) -> Proc {
-        c.stdin(Stdio::null())
-            .stdout(std::fs::File::create(log.with_extension("out")).unwrap())
-            .stderr(std::fs::File::create(&log).unwrap());
-        Proc {
-            child: Some(c.spawn().unwrap()),
-            log,
-            what: what.to_string(),
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_running(&mut self) {
-        if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
-            panic!("{} exited ({s}); log:\n{}", self.what, self.log());
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + WAIT;
-    let mut last = String::new();
-    while Instant::now() < deadline {
-        match f() {
-            Ok(v) => return v,
-            Err(e) => last = e,
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{what}: not within {WAIT:?}; last: {last}");
-}
-
+/// The status code of one GET on 127.0.0.1.
 fn http_get(port: u16, path: &str) -> Option<u16> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = String::new();
-    let _ = s.read_to_string(&mut raw);
-    raw.split_whitespace().nth(1)?.parse().ok()
+    roles::http_get(port, path).map(|(code, _)| code)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2077,7 +2022,7 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
         ],
     );
     c.arg("-c").arg(d.join("no-typha.cfg"));
-    let mut typha = Proc::spawn(c, d.join("typha.log"), "typha");
+    let mut typha = Role::spawn("typha", c, d.join("typha.log"));
     wait_for("Typha ready (its readiness probe's URL)", || {
         typha.assert_running();
         match http_get(typha_health, "/readiness") {
@@ -2115,7 +2060,7 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
     ];
     let mut c = container_command(&m, &felix_c, d, &felix_extra);
     c.arg("-c").arg(d.join("no-felix.cfg"));
-    let mut felix = Proc::spawn(c, d.join("felix.log"), "felix");
+    let mut felix = Role::spawn("felix", c, d.join("felix.log"));
     // The DaemonSet's own probes say when Felix is live and ready.
     for (what, argv) in felix_c.probe_argvs() {
         wait_for(&format!("felix {what}: {argv:?}"), || {
@@ -2159,7 +2104,7 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
         d,
         &[kc.clone(), ("FELIX_HEALTHPORT", felix_health.to_string())],
     );
-    let mut cond = Proc::spawn(c, d.join("network-condition.log"), "network-condition");
+    let mut cond = Role::spawn("network-condition", c, d.join("network-condition.log"));
     let condition = || -> Value {
         s.get(NODES, "", NODE).unwrap()["status"]["conditions"]
             .as_array()
@@ -2178,7 +2123,7 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
             Err(format!("{c}; log: {}", cond.log()))
         }
     });
-    let pid = cond.child.as_ref().unwrap().id().to_string();
+    let pid = cond.pid().to_string();
     assert!(
         Command::new("kill")
             .args(["-TERM", &pid])
@@ -2187,12 +2132,7 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
             .success()
     );
     let exited = wait_for("network-condition to exit on SIGTERM", || {
-        cond.child
-            .as_mut()
-            .unwrap()
-            .try_wait()
-            .unwrap()
-            .ok_or_else(|| cond.log())
+        cond.exited().ok_or_else(|| cond.log())
     });
     assert!(exited.success(), "{exited}: {}", cond.log());
     let down = condition();
@@ -2249,8 +2189,8 @@ fn cni_plugin_wires_a_pod_as_installed_within_its_rbac() {
         .unwrap();
     // The API server listens inside the node's namespace (its loopback), where the plugin runs.
     let ns_file =
-        margay_cni::netns::open(Path::new(&format!("/run/netns/{}", host.name()))).unwrap();
-    let api = margay_cni::netns::run_in(&ns_file, || {
+        margay_netlink::netns::open(Path::new(&format!("/run/netns/{}", host.name()))).unwrap();
+    let api = margay_netlink::netns::run_in(&ns_file, || {
         ApiServer::start(ServerOptions::default()).map_err(std::io::Error::other)
     })
     .unwrap();
@@ -2399,7 +2339,7 @@ fn kube_controllers_run_as_deployed_within_their_rbac() {
         &[("KUBECONFIG", kubeconfig.display().to_string())],
     );
     cmd.arg("--status-file").arg(&status_file);
-    let mut kc = Proc::spawn(cmd, d.join("kube-controllers.log"), "kube-controllers");
+    let mut kc = Role::spawn("kube-controllers", cmd, d.join("kube-controllers.log"));
     // Its own probes (on this test's status file) say when it is ready.
     for (what, argv) in c.probe_argvs() {
         wait_for(&format!("kube-controllers {what}"), || {

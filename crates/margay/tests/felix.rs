@@ -6,9 +6,10 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use margay_testkit::roles::{Node, Role, http_get};
 use serde_json::Value;
 
 const HOST: &str = "node1";
@@ -128,23 +129,14 @@ metadata: {name: node2-k8s-client1-eth0, namespace: ns1, labels: {app: client}}
 spec: {orchestrator: k8s, node: node2, pod: client1, endpoint: eth0, interfaceName: caliclient1, ipNetworks: [10.65.1.2/32], profiles: [kns.ns1]}
 ";
 
-/// A running `margay felix`, killed when dropped (also when a test fails).
+/// A running `margay felix` (a supervised testkit role: killed when dropped, its log shown
+/// when a test fails).
 struct Felix {
-    child: Option<Child>,
-    log: PathBuf,
+    role: Role,
     socket: PathBuf,
     health_port: u16,
     metrics_port: u16,
     store: Store,
-}
-
-impl Drop for Felix {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 impl Felix {
@@ -168,17 +160,12 @@ impl Felix {
             .env("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1")
             .env("FELIX_PROMETHEUSMETRICSPORT", metrics_port.to_string())
             // The machine's own syslog is none of the test's business.
-            .env("FELIX_LOGSEVERITYSYS", "none")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
+            .env("FELIX_LOGSEVERITYSYS", "none");
         for (k, v) in extra_env {
             c.env(k, v);
         }
-        let child = c.spawn().unwrap();
         Felix {
-            child: Some(child),
-            log,
+            role: Role::spawn("felix", c, log),
             socket,
             health_port,
             metrics_port,
@@ -187,49 +174,17 @@ impl Felix {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
+        self.role.log()
     }
 
     /// Waits (bounded) for the process to exit.
     fn wait_exit(&mut self, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "felix did not exit within {within:?}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.role.wait_exit(within)
     }
 
     fn wait_ready(&mut self, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some((200, _)) = http_get(self.health_port, "/readiness") {
-                return;
-            }
-            if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "felix exited ({s}) before becoming ready; log:\n{}",
-                    self.log()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "felix not ready within {within:?}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.role
+            .wait_http_ok(self.health_port, "/readiness", within);
     }
 
     fn status(&self, args: &[&str]) -> String {
@@ -245,24 +200,8 @@ impl Felix {
     }
 
     fn terminate(&self) {
-        let s = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(s.success());
+        self.role.terminate().unwrap();
     }
-}
-
-/// One GET on 127.0.0.1; None when nothing answers.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
 }
 
 fn metric(text: &str, series: &str) -> f64 {
@@ -299,7 +238,7 @@ fn store_invalid_policy(db: &Path) {
 
 #[test]
 fn felix_runs_against_the_embedded_store_and_restarts_on_config_change() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = Node::new("felix").unwrap();
     let db = dir.path().join("datastore.db");
     let store = Store::Local(db.clone());
     seed(&store, dir.path());
@@ -462,7 +401,7 @@ spec: {logSeverityScreen: Info, reportingInterval: 0s, routeRefreshInterval: 77s
 
 #[test]
 fn felix_stops_on_sigterm_and_waits_for_a_ready_datastore() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = Node::new("felix").unwrap();
     let store = Store::Local(dir.path().join("datastore.db"));
     // An empty store: no ClusterInformation yet, so Felix waits (live) for it.
     let mut felix = Felix::start(&store, dir.path(), &[]);
@@ -516,24 +455,9 @@ fn felix_stops_on_sigterm_and_waits_for_a_ready_datastore() {
     );
 }
 
-/// A running `margay typha`, killed when dropped.
-struct Typha {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Drop for Typha {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 #[test]
 fn felix_syncs_through_typha_without_datastore_access() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = Node::new("felix").unwrap();
     let store = Store::Local(dir.path().join("datastore.db"));
     seed(&store, dir.path());
     let port = margay_testkit::free_port().unwrap();
@@ -544,14 +468,8 @@ fn felix_syncs_through_typha_without_datastore_access() {
         .env("TYPHA_SERVERHOST", "127.0.0.1")
         .env("TYPHA_SERVERPORT", port.to_string())
         .env("TYPHA_HEALTHENABLED", "false")
-        .env("TYPHA_PROMETHEUSMETRICSENABLED", "false")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&typha_log).unwrap());
-    let typha = Typha {
-        child: Some(c.spawn().unwrap()),
-        log: typha_log,
-    };
+        .env("TYPHA_PROMETHEUSMETRICSENABLED", "false");
+    let typha = Role::spawn("typha", c, typha_log);
     // Felix is pointed at a datastore path that does not exist: with TyphaAddr set it must
     // read everything from Typha and never open the store.
     let unused = Store::Local(dir.path().join("not-there/datastore.db"));
@@ -563,7 +481,7 @@ fn felix_syncs_through_typha_without_datastore_access() {
         st["endpoints"].as_array().unwrap().len(),
         2,
         "{st}\ntypha log:\n{}",
-        std::fs::read_to_string(&typha.log).unwrap_or_default()
+        typha.log()
     );
     assert!(!dir.path().join("not-there").exists());
 }
@@ -571,7 +489,7 @@ fn felix_syncs_through_typha_without_datastore_access() {
 #[test]
 fn felix_syncs_from_etcd() {
     let etcd = margay_testkit::etcd::EtcdServer::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let dir = Node::new("felix").unwrap();
     let store = Store::Etcd(etcd.endpoint());
     seed(&store, dir.path());
     let mut felix = Felix::start(&store, dir.path(), &[]);
@@ -585,7 +503,7 @@ fn felix_syncs_from_etcd() {
 
 #[test]
 fn felix_restarts_when_the_pools_change_the_encapsulation() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = Node::new("felix").unwrap();
     let store = Store::Local(dir.path().join("datastore.db"));
     seed(&store, dir.path());
     let mut felix = Felix::start(&store, dir.path(), &[]);
@@ -632,7 +550,7 @@ spec: {orchestrator: k8s, node: node1, pod: spoofer, endpoint: eth0, interfaceNa
 /// (facility user, tag calico-felix), and not at all with `none`.
 #[test]
 fn felix_logs_to_syslog_at_log_severity_sys() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = Node::new("felix").unwrap();
     let store = Store::Local(dir.path().join("ds.db"));
     seed(&store, dir.path());
     let path = dir.path().join("syslog.sock");
@@ -734,7 +652,7 @@ fn https_get(
 /// leaves out the process's metrics.
 #[test]
 fn felix_serves_metrics_over_tls_to_verified_clients() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = Node::new("felix").unwrap();
     let pki = margay_testkit::etcd::TestPki::generate(&dir.path().join("pki").tap_mkdir()).unwrap();
     let store = Store::Local(dir.path().join("ds.db"));
     seed(&store, dir.path());

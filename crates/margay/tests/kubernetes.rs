@@ -13,11 +13,12 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use margay_apiserver::{ApiServer, Gvr, PatchType, ServerOptions, StoreHandle};
+use margay_testkit::roles::Role;
 use serde_json::{Value, json};
 
 const PODS: Gvr = Gvr::core("pods");
@@ -931,20 +932,10 @@ fn node_startup_annotates_the_kubernetes_node_and_creates_the_defaults_once() {
 // 3. margay felix
 // ---------------------------------------------------------------------------------------------
 
-/// A running `margay felix`, killed when dropped (also when a test fails).
+/// A running `margay felix` (a supervised testkit role).
 struct Felix {
-    child: Option<Child>,
-    log: PathBuf,
+    role: Role,
     socket: PathBuf,
-}
-
-impl Drop for Felix {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 impl Felix {
@@ -965,28 +956,23 @@ impl Felix {
             .args(["felix", "run", "-c"])
             .arg(&cfg)
             .arg("--status-socket")
-            .arg(&socket)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
+            .arg(&socket);
         for (key, v) in extra_env {
             c.env(key, v);
         }
         Felix {
-            child: Some(c.spawn().unwrap()),
-            log,
+            role: Role::spawn("felix", c, log),
             socket,
         }
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.role.log()
     }
 
     /// `margay felix status --json`; Err while Felix is not answering yet.
     fn status(&mut self) -> Result<Value, String> {
-        if let Some(s) = self.child.as_mut().unwrap().try_wait().unwrap() {
-            panic!("felix exited ({s}); log:\n{}", self.log());
-        }
+        self.role.assert_running();
         let mut c = Command::new(bin());
         c.env_clear()
             .args(["felix", "status", "--json", "--status-socket"])
@@ -1403,12 +1389,11 @@ spec:
     )
     .unwrap();
     let status = wait_for("felix to restart", WAIT, || {
-        match felix.child.as_mut().unwrap().try_wait().unwrap() {
-            Some(s) => Ok(s),
-            None => Err("still running".into()),
-        }
+        felix
+            .role
+            .exited()
+            .ok_or_else(|| "still running".to_string())
     });
-    felix.child = None;
     let log = felix.log();
     assert_eq!(status.code(), Some(129), "{}", tail(&log, 30));
     assert!(
@@ -1558,10 +1543,8 @@ fn confd_renders_mesh_and_peers_from_kubernetes_nodes_and_bgppeer_crs() {
         "--no-reload",
         "--config-dir",
     ])
-    .arg(&cfg)
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(&log).unwrap());
-    let confd = Proc::spawn(c, log);
+    .arg(&cfg);
+    let confd = Role::spawn("confd", c, log);
     s.delete(Gvr::calico("bgppeers"), "", "tor").unwrap();
     s.patch(
         NODES,
@@ -1577,7 +1560,7 @@ fn confd_renders_mesh_and_peers_from_kubernetes_nodes_and_bgppeer_crs() {
     }
     let bird = || std::fs::read_to_string(cfg.join("bird.cfg")).unwrap_or_default();
     wait_for("confd to render the changes", WAIT, || {
-        confd.alive();
+        confd.assert_alive();
         let b = bird();
         if !b.contains("Global_10_0_0_254")
             && b.contains("protocol bgp Mesh_10_0_0_4 from bgp_template")
@@ -1607,7 +1590,7 @@ fn confd_renders_mesh_and_peers_from_kubernetes_nodes_and_bgppeer_crs() {
         "node3 to leave the mesh after the API server restart",
         WAIT,
         || {
-            confd.alive();
+            confd.assert_alive();
             let b = bird();
             if b.contains("Mesh_10_0_0_3") {
                 Err(format!("{b}\nlog: {}", tail(&confd.log(), 10)))
@@ -1628,51 +1611,6 @@ fn affinity_cr(node: &str, cidr: &str) -> Value {
             "projectcalico.org/ip-version": "4"}},
         "spec": {"state": "confirmed", "node": node, "type": "host", "cidr": cidr, "deleted": "false"},
     })
-}
-
-/// A child process killed when dropped (also when a test fails), with its log.
-struct Proc {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Proc {
-    fn spawn(mut c: Command, log: PathBuf) -> Proc {
-        Proc {
-            child: Some(c.spawn().unwrap()),
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Fails the test if the process exited.
-    fn alive(&self) {
-        // try_wait needs &mut; reading the process state from /proc keeps this &self (an
-        // exited, unreaped child is a zombie).
-        let pid = self.child.as_ref().unwrap().id();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let state = stat
-            .rsplit_once(')')
-            .map(|(_, r)| r.trim_start())
-            .unwrap_or("");
-        assert!(
-            !stat.is_empty() && !state.starts_with('Z'),
-            "the process exited; log:\n{}",
-            tail(&self.log(), 30)
-        );
-    }
 }
 
 /// BIRD itself accepts the file (`bird -p -c`; scripts/setup installs bird2, as confd.rs needs).
@@ -1765,10 +1703,8 @@ fn typha_is_the_only_api_watcher_for_fifty_felix_clients() {
         .env("TYPHA_SERVERPORT", port.to_string())
         .env("TYPHA_SYNCERTYPES", "felix")
         .env("TYPHA_HEALTHENABLED", "false")
-        .env("TYPHA_PROMETHEUSMETRICSENABLED", "false")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
-    let typha = Proc::spawn(c, log);
+        .env("TYPHA_PROMETHEUSMETRICSENABLED", "false");
+    let typha = Role::spawn("typha", c, log);
 
     // What the datastore holds for the felix syncer, as the binary sees it.
     let expected_weps = 103; // web-1, web-2, client-1 and 100 load pods
@@ -1824,7 +1760,7 @@ fn typha_is_the_only_api_watcher_for_fifty_felix_clients() {
             .count()
     };
     wait_for("50 clients in sync with every pod", WAIT * 2, || {
-        typha.alive();
+        typha.assert_alive();
         let lagging: Vec<usize> = clients
             .iter()
             .enumerate()
@@ -1936,7 +1872,7 @@ fn typha_is_the_only_api_watcher_for_fifty_felix_clients() {
     s.delete(PODS, "shop", "late").unwrap();
     k.api.start_again().unwrap();
     wait_for("the deletion at every client", WAIT, || {
-        typha.alive();
+        typha.assert_alive();
         let behind = clients
             .iter()
             .filter(|(seen, _)| weps_of(&seen.lock().unwrap()) != expected_weps)
@@ -1985,10 +1921,8 @@ fn felix_and_confd_sync_through_typha_which_alone_watches_the_api() {
         .env("TYPHA_SERVERHOST", "127.0.0.1")
         .env("TYPHA_SERVERPORT", port.to_string())
         .env("TYPHA_HEALTHENABLED", "false")
-        .env("TYPHA_PROMETHEUSMETRICSENABLED", "false")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
-    let typha = Proc::spawn(c, log);
+        .env("TYPHA_PROMETHEUSMETRICSENABLED", "false");
+    let typha = Role::spawn("typha", c, log);
     let addr = format!("127.0.0.1:{port}");
 
     // Felix and confd get everything from Typha: their kubeconfig leads nowhere.
@@ -2013,10 +1947,8 @@ fn felix_and_confd_sync_through_typha_which_alone_watches_the_api() {
     ])
     .arg(&cfg)
     .env("FELIX_TYPHAADDR", &addr)
-    .env("KUBECONFIG", &nowhere)
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(&log).unwrap());
-    let confd = Proc::spawn(c, log);
+    .env("KUBECONFIG", &nowhere);
+    let confd = Role::spawn("confd", c, log);
 
     felix.wait("node1's pods through Typha", |st| {
         let ids: Vec<String> = endpoints(st).into_keys().collect();
@@ -2035,8 +1967,8 @@ fn felix_and_confd_sync_through_typha_which_alone_watches_the_api() {
         .map(|a| a["spec"]["cidr"].as_str().unwrap().to_string())
         .unwrap();
     wait_for("confd's config through Typha", WAIT, || {
-        confd.alive();
-        typha.alive();
+        confd.assert_alive();
+        typha.assert_alive();
         let b = bird();
         if b.contains("protocol bgp Mesh_10_0_0_2 from bgp_template")
             && b.contains(&format!("route {own_block} blackhole;"))
@@ -2099,7 +2031,7 @@ fn felix_and_confd_sync_through_typha_which_alone_watches_the_api() {
         }
     });
     wait_for("the BGPPeer through Typha", WAIT, || {
-        confd.alive();
+        confd.assert_alive();
         let b = bird();
         if b.contains("protocol bgp Global_10_0_0_254 from bgp_template") {
             Ok(())
@@ -2172,7 +2104,7 @@ fn set_kubelet_conditions(s: &StoreHandle, node: &str) {
 }
 
 /// `margay node network-condition` (the DaemonSet's sidecar) for NODENAME `node`.
-fn network_condition(k: &Cluster, node: &str, env: &[(&str, &str)]) -> Proc {
+fn network_condition(k: &Cluster, node: &str, env: &[(&str, &str)]) -> Role {
     let log = k.path(&format!("network-condition-{node}.log"));
     let mut c = k.margay();
     c.args([
@@ -2184,37 +2116,11 @@ fn network_condition(k: &Cluster, node: &str, env: &[(&str, &str)]) -> Proc {
     ])
     .arg(k.path(&format!("root-{node}")))
     .env("NODENAME", node)
-    .env("MARGAY_LOG", "info")
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(&log).unwrap());
+    .env("MARGAY_LOG", "info");
     for (key, v) in env {
         c.env(key, v);
     }
-    Proc::spawn(c, log)
-}
-
-impl Proc {
-    /// SIGTERM, as the kubelet stops a container; the exit code, within WAIT.
-    fn terminate(&mut self) -> Option<i32> {
-        let child = self.child.as_mut().unwrap();
-        let killed = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no exit within {WAIT:?} of SIGTERM; log:\n{}",
-                tail(&self.log(), 30)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    Role::spawn("network-condition", c, log)
 }
 
 #[test]
@@ -2263,7 +2169,7 @@ fn node_startup_reads_the_pod_cidr_from_kubeadm_config_and_clears_network_unavai
         ],
     );
     std::thread::sleep(Duration::from_secs(2));
-    cond.alive();
+    cond.assert_alive();
     assert_eq!(
         node_condition(&s, "node1", "NetworkUnavailable")["reason"],
         "NoRouteCreated",
@@ -2279,7 +2185,7 @@ fn node_startup_reads_the_pod_cidr_from_kubeadm_config_and_clears_network_unavai
         ],
     );
     let up = wait_for("NetworkUnavailable False once Felix is ready", WAIT, || {
-        cond.alive();
+        cond.assert_alive();
         let c = node_condition(&s, "node1", "NetworkUnavailable");
         if c["status"] == "False" {
             Ok(c)
@@ -2301,10 +2207,10 @@ fn node_startup_reads_the_pod_cidr_from_kubeadm_config_and_clears_network_unavai
         node_condition(&s, "node1", "Ready")["reason"],
         "KubeletReady"
     );
-    cond.alive();
+    cond.assert_alive();
 
     // The pod going away: SIGTERM sets it again, and the process exits 0.
-    assert_eq!(cond.terminate(), Some(0), "{}", cond.log());
+    assert_eq!(cond.stop(WAIT), Some(0), "{}", cond.log());
     let down = node_condition(&s, "node1", "NetworkUnavailable");
     assert_eq!(
         (&down["status"], &down["reason"], &down["message"]),
@@ -2422,8 +2328,8 @@ fn network_condition_follows_the_node_ref_and_writes_nothing_without_calico_netw
     let (version, before) = (rv(&s.get(NODES, "", "node1").unwrap()), patches());
     let mut none = network_condition(&k, "node1", &[("CALICO_NETWORKING_BACKEND", "none")]);
     std::thread::sleep(Duration::from_millis(1500));
-    none.alive();
-    assert_eq!(none.terminate(), Some(0), "{}", none.log());
+    none.assert_alive();
+    assert_eq!(none.stop(WAIT), Some(0), "{}", none.log());
     assert_eq!(rv(&s.get(NODES, "", "node1").unwrap()), version);
     assert_eq!(patches(), before);
     assert!(
@@ -2443,7 +2349,7 @@ fn network_condition_follows_the_node_ref_and_writes_nothing_without_calico_netw
         ],
     );
     wait_for("node2's NetworkUnavailable cleared", WAIT, || {
-        cond.alive();
+        cond.assert_alive();
         let c = node_condition(&s, "node2", "NetworkUnavailable");
         if c["reason"] == "CalicoIsUp" {
             Ok(())
@@ -2451,7 +2357,7 @@ fn network_condition_follows_the_node_ref_and_writes_nothing_without_calico_netw
             Err(format!("{c}\nlog: {}", tail(&cond.log(), 10)))
         }
     });
-    assert_eq!(cond.terminate(), Some(0), "{}", cond.log());
+    assert_eq!(cond.stop(WAIT), Some(0), "{}", cond.log());
     assert_eq!(
         node_condition(&s, "node2", "NetworkUnavailable")["reason"],
         "CalicoIsDown"

@@ -4,13 +4,12 @@
 //! a kubeconfig — no Typha address, and a datastore path that does not exist.
 #![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use margay_apiserver::{ApiServer, Gvr, ServerOptions};
+use margay_testkit::roles::{Node, Role, http_get};
 use serde_json::{Value, json};
 
 const HOST: &str = "node1";
@@ -82,65 +81,14 @@ fn seed(store: &Path, dir: &Path) {
     run_ok(c);
 }
 
-/// A child process, killed when dropped (also when a test fails).
-struct Proc {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Proc {
-    fn spawn(mut c: Command, log: PathBuf) -> Proc {
-        c.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        Proc {
-            child: Some(c.spawn().unwrap()),
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().unwrap().try_wait().unwrap()
-    }
-
-    /// Waits (bounded) until the log contains `text`.
-    fn wait_log(&mut self, text: &str, within: Duration) {
-        let deadline = Instant::now() + within;
-        while !self.log().contains(text) {
-            if let Some(s) = self.exited() {
-                panic!("exited ({s}) before logging {text:?}; log:\n{}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{text:?} not logged within {within:?}; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
 /// `margay typha` over the embedded store, on 127.0.0.1:`port`.
-fn start_typha(store: &Path, dir: &Path, port: u16) -> Proc {
+fn start_typha(store: &Path, dir: &Path, port: u16) -> Role {
     let mut c = margay(store);
     c.args(["typha", "run", "-c"])
         .arg(dir.join("typha.cfg"))
         .env("TYPHA_SERVERHOST", "127.0.0.1")
         .env("TYPHA_SERVERPORT", port.to_string());
-    Proc::spawn(c, dir.join("typha.log"))
+    Role::spawn("typha", c, dir.join("typha.log"))
 }
 
 /// The API double (holding only Typha's EndpointSlices) and a kubeconfig for it.
@@ -207,21 +155,9 @@ fn publish_typha(api: &ApiServer, typha_port: u16) {
         .unwrap();
 }
 
-/// One GET on 127.0.0.1; None when nothing answers.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
-
 #[test]
 fn felix_finds_typha_through_its_endpoint_slices_and_syncs() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = Node::new("typha-k8s").unwrap();
     let store = dir.path().join("datastore.db");
     seed(&store, dir.path());
     let typha_port = margay_testkit::free_port().unwrap();
@@ -246,7 +182,7 @@ fn felix_finds_typha_through_its_endpoint_slices_and_syncs() {
         .env("FELIX_HEALTHPORT", health_port.to_string())
         .env("FELIX_TYPHAK8SSERVICENAME", "calico-typha")
         .env("KUBECONFIG", &kubeconfig);
-    let mut felix = Proc::spawn(c, dir.path().join("felix.log"));
+    let mut felix = Role::spawn("felix", c, dir.path().join("felix.log"));
 
     // No EndpointSlice yet: Felix says why it cannot start, and keeps looking.
     felix.wait_log(
@@ -305,7 +241,7 @@ fn felix_finds_typha_through_its_endpoint_slices_and_syncs() {
 
 #[test]
 fn confd_renders_through_typha_found_in_kubernetes() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = Node::new("typha-k8s").unwrap();
     let store = dir.path().join("datastore.db");
     seed(&store, dir.path());
     let typha_port = margay_testkit::free_port().unwrap();

@@ -2,7 +2,7 @@
 //! `IP6_AUTODETECTION_METHOD`).
 //!
 //! This module is the pure selection logic: it looks at the host through a [`NetView`], so it can
-//! be tested with a fake one. [`crate::netlink::SystemNet`] is the real view (netlink).
+//! be tested with a fake one. [`crate::system_net::SystemNet`] is the real view (netlink).
 //!
 //! Calico's behaviour, reproduced here:
 //!

@@ -347,7 +347,7 @@ fn startup(
         node_name(get, &paths.nodename_file(&cfg), &kernel_hostname).map_err(|e| e.to_string())?;
     tracing::info!(node = %name, source = ?source, "determined the node name");
     // One snapshot of the interfaces for the whole run (netlink is read synchronously).
-    let interfaces = crate::netlink::SystemNet
+    let interfaces = crate::system_net::SystemNet
         .interfaces()
         .map_err(|e| format!("cannot list the host's interfaces through netlink: {e}"))?;
     let net = NetSnapshot { interfaces };

@@ -460,7 +460,7 @@ fn address_check(
     }
     let configured = Cidr::parse_cidr_or_ip(&raw)
         .map_err(|e| format!("Node {node:?} BGP address {raw:?}: {e}"))?;
-    let interfaces = crate::netlink::SystemNet
+    let interfaces = crate::system_net::SystemNet
         .interfaces()
         .map_err(|e| format!("listing interfaces: {e}"))?;
     let local = interfaces

@@ -8,6 +8,6 @@ pub mod condition;
 pub mod config;
 pub mod health;
 pub mod kubernetes;
-pub mod netlink;
 pub mod startup;
+pub mod system_net;
 pub mod tunnel;

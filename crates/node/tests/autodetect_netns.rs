@@ -20,7 +20,7 @@ use margay_api::net::Cidr;
 use margay_node::autodetect::{
     AutodetectError, Detection, Family, Method, NetView, autodetect, interface_holding,
 };
-use margay_node::netlink::SystemNet;
+use margay_node::system_net::SystemNet;
 use margay_testkit::netns::{Netns, is_root};
 
 /// Set (to the test's name) in the run inside the namespace.

@@ -2,10 +2,13 @@
 //!
 //! - [`etcd`]: private etcd servers and clusters on loopback ports, with temp data dirs.
 //! - [`netns`]: throw-away network namespaces (named `mgy-…`) with veth pairs, for root tests.
+//! - [`roles`]: a node running margay roles — work directory (and namespace), supervised
+//!   long-running roles with their logs, bounded readiness waits, logs kept on failure.
 #![forbid(unsafe_code)]
 
 pub mod etcd;
 pub mod netns;
+pub mod roles;
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
 pub fn free_port() -> std::io::Result<u16> {

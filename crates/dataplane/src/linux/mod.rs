@@ -2,7 +2,8 @@
 //! under `/proc/sys` that workloads need.
 pub mod interfaces;
 pub mod mtu;
-pub mod netlink;
+/// Kernel access lives in `margay-netlink`; re-exported under its old path for the dataplane's users.
+pub use margay_netlink as netlink;
 pub mod routes;
 pub mod routing;
 pub mod sysctl;

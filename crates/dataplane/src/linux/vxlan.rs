@@ -23,13 +23,13 @@ use std::time::{Duration, Instant};
 
 use margay_api::net::Cidr;
 use margay_calc::Vtep;
-use rtnetlink::packet_route::link::{
+use margay_netlink::packet_route::link::{
     InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
-use rtnetlink::packet_route::neighbour::{
+use margay_netlink::packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
-use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
+use margay_netlink::packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::netlink::{
     self, Link, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, Netlink, format_mac, ip_from_bytes,

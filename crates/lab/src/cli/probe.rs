@@ -1,0 +1,335 @@
+//! `lab probe`, `lab matrix` and `lab bench`: reachability between pods and throughput.
+
+use super::*;
+
+/// One probe between pods (true: reached).
+pub fn probe(
+    st: &LabState,
+    from: &str,
+    to: &str,
+    port: u16,
+    udp: bool,
+    timeout_ms: u64,
+) -> Result<bool, LabError> {
+    let src = st
+        .pod(from)
+        .ok_or_else(|| other(format!("no pod {from:?} (pods: {:?})", pod_ids(st))))?;
+    let dst = st
+        .pod(to)
+        .ok_or_else(|| other(format!("no pod {to:?} (pods: {:?})", pod_ids(st))))?;
+    let ip = dst
+        .ip
+        .as_deref()
+        .ok_or_else(|| other(format!("pod {to} has no address yet")))?;
+    let mut c = net::in_netns(&src.netns, exe()?);
+    c.args([
+        "lab",
+        "connect",
+        "--to",
+        ip,
+        "--port",
+        &port.to_string(),
+        "--timeout-ms",
+        &timeout_ms.to_string(),
+    ]);
+    if udp {
+        c.arg("--udp");
+    }
+    let status = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| other(format!("probing {from} -> {to}: {e}")))?;
+    Ok(status.success())
+}
+
+pub(super) fn pod_ids(st: &LabState) -> Vec<&str> {
+    st.pods.iter().map(|p| p.id.as_str()).collect()
+}
+
+pub(super) fn udp_flag(protocol: &str) -> Result<bool, LabError> {
+    match protocol {
+        "tcp" => Ok(false),
+        "udp" => Ok(true),
+        other_p => Err(other(format!("--protocol {other_p:?}: use tcp or udp"))),
+    }
+}
+
+pub(super) fn probe_cmd(
+    which: &Which,
+    from: &str,
+    to: &str,
+    port: u16,
+    protocol: &str,
+    timeout_ms: u64,
+    out: &mut dyn Write,
+) -> Result<u8, LabError> {
+    let st = load(which)?;
+    let ok = probe(&st, from, to, port, udp_flag(protocol)?, timeout_ms)?;
+    let _ = writeln!(
+        out,
+        "{from} -> {to} {protocol}/{port}: {}",
+        if ok { "allowed" } else { "denied" }
+    );
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// Every pod to every pod (itself included), probed in parallel.
+pub fn matrix(
+    st: &LabState,
+    port: u16,
+    udp: bool,
+    timeout_ms: u64,
+) -> Result<BTreeMap<String, BTreeMap<String, bool>>, LabError> {
+    let pairs: Vec<(String, String)> = st
+        .pods
+        .iter()
+        .flat_map(|a| st.pods.iter().map(move |b| (a.id.clone(), b.id.clone())))
+        .collect();
+    let mut out: BTreeMap<String, BTreeMap<String, bool>> = BTreeMap::new();
+    // All at once (bounded): a matrix costs about one probe timeout.
+    for chunk in pairs.chunks(128) {
+        let results: Vec<Result<(String, String, bool), LabError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|(a, b)| {
+                    s.spawn(move || {
+                        probe(st, a, b, port, udp, timeout_ms).map(|ok| (a.clone(), b.clone(), ok))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(other("a probe thread panicked")))
+                })
+                .collect()
+        });
+        for r in results {
+            let (a, b, ok) = r?;
+            out.entry(a).or_default().insert(b, ok);
+        }
+    }
+    Ok(out)
+}
+
+/// The matrix as a grid: rows are sources, columns destinations.
+pub fn render_matrix(m: &BTreeMap<String, BTreeMap<String, bool>>, colour: bool) -> String {
+    let cols: Vec<&String> = m
+        .values()
+        .next()
+        .map(|r| r.keys().collect())
+        .unwrap_or_default();
+    let mut s = String::from("from\\to ");
+    for c in &cols {
+        s.push_str(&format!("{c:>5}"));
+    }
+    s.push('\n');
+    for (row, cells) in m {
+        s.push_str(&format!("{row:<8}"));
+        for c in &cols {
+            let ok = cells.get(*c).copied().unwrap_or(false);
+            let mark = match (ok, colour) {
+                (true, true) => "\x1b[32m    .\x1b[0m".to_string(),
+                (false, true) => "\x1b[31m    X\x1b[0m".to_string(),
+                (true, false) => "    .".to_string(),
+                (false, false) => "    X".to_string(),
+            };
+            s.push_str(&mark);
+        }
+        s.push('\n');
+    }
+    s.push_str("(. reached, X blocked)\n");
+    s
+}
+
+pub(super) fn matrix_cmd(
+    which: &Which,
+    port: u16,
+    protocol: &str,
+    timeout_ms: u64,
+    output: &str,
+    out: &mut dyn Write,
+) -> Result<u8, LabError> {
+    let st = load(which)?;
+    let m = matrix(&st, port, udp_flag(protocol)?, timeout_ms)?;
+    match output {
+        "json" => {
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&m).unwrap_or_default()
+            );
+        }
+        "table" => {
+            let _ = writeln!(out, "{protocol}/{port}:");
+            let _ = write!(
+                out,
+                "{}",
+                render_matrix(&m, std::io::stdout().is_terminal())
+            );
+        }
+        other_o => return Err(other(format!("-o {other_o:?}: use table or json"))),
+    }
+    Ok(0)
+}
+
+/// Throughput (Gbit/s) and connection rate (per second) from one namespace to an address.
+pub(super) fn measure(
+    client_ns: &str,
+    server_ns: &str,
+    to: &str,
+    secs: u64,
+) -> Result<(f64, f64), LabError> {
+    let exe = exe()?;
+    let mut server = net::in_netns(server_ns, "iperf3")
+        .args(["-s", "-p", "5299", "-1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| other(format!("iperf3 (install it: apt-get install iperf3): {e}")))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let result = net::run(net::in_netns(client_ns, "iperf3").args([
+        "-c",
+        to,
+        "-p",
+        "5299",
+        "-t",
+        &secs.to_string(),
+        "-J",
+    ]));
+    let _ = server.kill();
+    let _ = server.wait();
+    let json: Value =
+        serde_json::from_str(&result?).map_err(|e| other(format!("iperf3 output: {e}")))?;
+    let gbps = json["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e9;
+    let mut acceptor = net::in_netns(server_ns, &exe)
+        .args(["lab", "serve", "--name", "bench", "--tcp", "5300"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| other(format!("bench server: {e}")))?;
+    // Each connection leaves a socket in TIME_WAIT on the client for 60 s: with the default
+    // port range a few seconds of connecting use up the ports, and the next run would measure
+    // port exhaustion instead of the datapath. Both settings are per namespace (the client's).
+    net::sysctl(client_ns, "net.ipv4.ip_local_port_range", "1024 65535")?;
+    net::sysctl(client_ns, "net.ipv4.tcp_tw_reuse", "1")?;
+    std::thread::sleep(Duration::from_millis(300));
+    let counted = net::run(net::in_netns(client_ns, &exe).args([
+        "lab",
+        "connect",
+        "--to",
+        to,
+        "--port",
+        "5300",
+        "--timeout-ms",
+        "500",
+        "--loop-secs",
+        &secs.to_string(),
+    ]));
+    let _ = acceptor.kill();
+    let _ = acceptor.wait();
+    let conns: f64 = counted?.trim().parse().unwrap_or(0.0);
+    Ok((gbps, conns / secs as f64))
+}
+
+pub(super) fn bench(
+    which: &Which,
+    secs: u64,
+    policies: usize,
+    out: &mut dyn Write,
+) -> Result<u8, LabError> {
+    let st = load(which)?;
+    // Client and server on different nodes when there are two.
+    let client = st
+        .pods
+        .first()
+        .ok_or_else(|| other("the lab has no pods"))?;
+    let server = st
+        .pods
+        .iter()
+        .find(|p| p.node != client.node)
+        .or_else(|| st.pods.get(1))
+        .ok_or_else(|| other("the bench needs two pods"))?;
+    let server_ip = server
+        .ip
+        .clone()
+        .ok_or_else(|| other("the server pod has no address"))?;
+    let mut rows = Vec::new();
+    // Baseline: two throw-away namespaces joined by a bare veth pair.
+    let a = format!("{}bench-a", st.prefix);
+    let b = format!("{}bench-b", st.prefix);
+    net::add_netns(&a)?;
+    net::add_netns(&b)?;
+    let baseline = (|| {
+        net::ip(
+            &a,
+            &[
+                "link", "add", "veth0", "type", "veth", "peer", "name", "veth0", "netns", &b,
+            ],
+        )?;
+        net::ip(&a, &["addr", "add", "192.0.2.1/24", "dev", "veth0"])?;
+        net::ip(&b, &["addr", "add", "192.0.2.2/24", "dev", "veth0"])?;
+        net::ip(&a, &["link", "set", "veth0", "up"])?;
+        net::ip(&b, &["link", "set", "veth0", "up"])?;
+        measure(&a, &b, "192.0.2.2", secs)
+    })();
+    net::remove_netns(&[a, b]);
+    rows.push(("bare veth pair (no margay)".to_string(), baseline?));
+    rows.push((
+        format!(
+            "{} -> {} (other node, VXLAN), no policy",
+            client.id, server.id
+        ),
+        measure(&client.netns, &server.netns, &server_ip, secs)?,
+    ));
+    // With policy: many policies on the server pod, the one allowing the traffic last.
+    let (ns, pod) = server.id.split_once('/').unwrap_or(("", ""));
+    let mut yaml = String::new();
+    for i in 0..policies {
+        yaml.push_str(&format!(
+            "---\napiVersion: projectcalico.org/v3\nkind: NetworkPolicy\nmetadata: {{name: bench-{i}, namespace: {ns}}}\nspec:\n  order: {i}\n  selector: pod == '{pod}'\n  ingress:\n  - action: Allow\n    protocol: TCP\n    source: {{selector: pod == 'nobody-{i}'}}\n    destination: {{ports: [{}]}}\n",
+            10000 + i
+        ));
+    }
+    yaml.push_str(&format!(
+        "---\napiVersion: projectcalico.org/v3\nkind: NetworkPolicy\nmetadata: {{name: bench-allow, namespace: {ns}}}\nspec:\n  order: {policies}\n  selector: pod == '{pod}'\n  ingress: [{{action: Allow}}]\n"
+    ));
+    apply_yaml(&st, &yaml)?;
+    std::thread::sleep(Duration::from_secs(2));
+    let with = measure(&client.netns, &server.netns, &server_ip, secs);
+    // Remove the bench policies again.
+    let file = st.dir.join("bench-policies.yaml");
+    let _ = std::fs::write(&file, &yaml);
+    if let Ok(mut c) = margay_in(&st, &st.fabric_netns()) {
+        c.args(["ctl", "delete", "-f"]).arg(&file);
+        let _ = net::run(&mut c);
+    }
+    let _ = std::fs::remove_file(&file);
+    rows.push((
+        format!("same, with {} policies on {}", policies + 1, server.id),
+        with?,
+    ));
+    let _ = writeln!(
+        out,
+        "{:<58} {:>10} {:>14}",
+        "PATH", "TCP Gbit/s", "connections/s"
+    );
+    let base = rows[0].1;
+    for (label, (gbps, rate)) in &rows {
+        let _ = writeln!(
+            out,
+            "{label:<58} {gbps:>10.2} {rate:>14.0}   ({:.0}% / {:.0}% of the bare veth)",
+            100.0 * gbps / base.0.max(f64::MIN_POSITIVE),
+            100.0 * rate / base.1.max(f64::MIN_POSITIVE)
+        );
+    }
+    Ok(0)
+}
