@@ -14,7 +14,6 @@ pub mod cli;
 pub mod daemon;
 pub mod dataplane_config;
 pub mod health;
-pub mod http;
 pub mod inputs;
 pub mod metrics;
 pub mod metrics_tls;

@@ -2,53 +2,23 @@
 //! PrometheusMetricsCAFile, PrometheusMetricsClientAuth), as Calico serves it: HTTPS as soon
 //! as a certificate or key is set; client certificates asked for as the client-auth mode says
 //! (Go's `tls.ClientAuthType` names) and checked against the CA bundle; the files are read
-//! again for every connection, so rotated certificates are used without a restart.
+//! again for every connection (by `margay-daemon-http`'s server), so rotated certificates are
+//! used without a restart.
 
 use std::sync::Arc;
 
+use margay_daemon_http::tls::{Settings, TlsError, TlsFiles, TlsSource};
 use margay_felix_config::Config;
-use rustls::client::danger::HandshakeSignatureValid;
-use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
-use rustls::server::WebPkiClientVerifier;
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 
-/// How the metrics server treats client certificates (PrometheusMetricsClientAuth).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClientAuth {
-    /// None asked for.
-    NoClientCert,
-    /// One is required, but not verified.
-    RequireAnyClientCert,
-    /// Verified against the CA bundle when the client sends one.
-    VerifyClientCertIfGiven,
-    /// Required and verified against the CA bundle.
-    RequireAndVerifyClientCert,
-}
+pub use margay_daemon_http::ClientAuth;
 
-impl ClientAuth {
-    pub fn parse(s: &str) -> Result<ClientAuth, String> {
-        match s {
-            "" | "NoClientCert" => Ok(ClientAuth::NoClientCert),
-            "RequireAnyClientCert" => Ok(ClientAuth::RequireAnyClientCert),
-            "VerifyClientCertIfGiven" => Ok(ClientAuth::VerifyClientCertIfGiven),
-            "RequireAndVerifyClientCert" => Ok(ClientAuth::RequireAndVerifyClientCert),
-            other => Err(format!(
-                "PrometheusMetricsClientAuth {other:?} is not one of NoClientCert, \
-                 RequireAnyClientCert, VerifyClientCertIfGiven, RequireAndVerifyClientCert"
-            )),
-        }
-    }
-
-    fn verifies(self) -> bool {
-        matches!(
-            self,
-            ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert
-        )
-    }
-}
+/// The names of Felix's settings, for error messages.
+const SETTINGS: Settings = Settings {
+    cert_file: "PrometheusMetricsCertFile",
+    key_file: "PrometheusMetricsKeyFile",
+    ca_file: "PrometheusMetricsCAFile",
+};
+const CLIENT_AUTH: &str = "PrometheusMetricsClientAuth";
 
 /// The metrics server's TLS settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +41,8 @@ impl MetricsTls {
                  PrometheusMetricsKeyFile"
                 .into());
         }
-        let client_auth = ClientAuth::parse(&c.prometheus_metrics_client_auth)?;
+        let client_auth =
+            ClientAuth::parse(&c.prometheus_metrics_client_auth, CLIENT_AUTH).map_err(|e| e.0)?;
         if client_auth.verifies() && c.prometheus_metrics_ca_file.is_empty() {
             return Err(format!(
                 "PrometheusMetricsClientAuth {} verifies client certificates: set \
@@ -87,123 +58,26 @@ impl MetricsTls {
         }))
     }
 
+    /// The files, for the shared server (which reads them for every connection).
+    pub fn files(&self) -> TlsFiles {
+        TlsFiles {
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            ca_file: self.ca_file.clone(),
+            client_auth: self.client_auth,
+            settings: SETTINGS,
+        }
+    }
+
     /// A server configuration from the files as they are now.
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let chain = certs("PrometheusMetricsCertFile", &self.cert_file)?;
-        let key = PrivateKeyDer::from_pem_slice(&read("PrometheusMetricsKeyFile", &self.key_file)?)
-            .map_err(|e| {
-                format!(
-                    "PrometheusMetricsKeyFile {}: not a PEM private key: {e}",
-                    self.key_file
-                )
-            })?;
-        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?;
-        let builder = match self.client_auth {
-            ClientAuth::NoClientCert => builder.with_no_client_auth(),
-            ClientAuth::RequireAnyClientCert => {
-                builder.with_client_cert_verifier(Arc::new(AnyClientCert(provider)))
-            }
-            ClientAuth::VerifyClientCertIfGiven | ClientAuth::RequireAndVerifyClientCert => {
-                let mut roots = RootCertStore::empty();
-                for c in certs("PrometheusMetricsCAFile", &self.ca_file)? {
-                    roots.add(c).map_err(|e| {
-                        format!(
-                            "PrometheusMetricsCAFile {}: not a usable CA certificate: {e}",
-                            self.ca_file
-                        )
-                    })?;
-                }
-                let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-                let v = if self.client_auth == ClientAuth::VerifyClientCertIfGiven {
-                    v.allow_unauthenticated()
-                } else {
-                    v
-                };
-                builder.with_client_cert_verifier(
-                    v.build()
-                        .map_err(|e| format!("PrometheusMetricsCAFile {}: {e}", self.ca_file))?,
-                )
-            }
-        };
-        builder
-            .with_single_cert(chain, key)
-            .map(Arc::new)
-            .map_err(|e| {
-                format!(
-                    "PrometheusMetricsKeyFile {} does not match PrometheusMetricsCertFile {}: {e}",
-                    self.key_file, self.cert_file
-                )
-            })
+        self.files().load().map_err(|e| e.0)
     }
 }
 
-fn read(param: &str, path: &str) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("{param} {path}: {e}"))
-}
-
-fn certs(param: &str, path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = read(param, path)?;
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{param} {path}: not a PEM certificate file: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!("{param} {path}: holds no PEM certificate"));
-    }
-    Ok(certs)
-}
-
-/// Go's RequireAnyClientCert: a certificate must be presented (and its signature over the
-/// handshake must be right), but it is not checked against any CA.
-#[derive(Debug)]
-struct AnyClientCert(Arc<CryptoProvider>);
-
-impl ClientCertVerifier for AnyClientCert {
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        Ok(ClientCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+impl TlsSource for MetricsTls {
+    fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        self.files().load()
     }
 }
 
@@ -254,9 +128,9 @@ mod tests {
                 ClientAuth::RequireAndVerifyClientCert,
             ),
         ] {
-            assert_eq!(ClientAuth::parse(s), Ok(want));
+            assert_eq!(ClientAuth::parse(s, CLIENT_AUTH), Ok(want));
         }
-        assert!(ClientAuth::parse("Maybe").is_err());
+        assert!(ClientAuth::parse("Maybe", CLIENT_AUTH).is_err());
     }
 
     #[test]

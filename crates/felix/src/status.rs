@@ -551,8 +551,7 @@ where
         let (code, v) = answer(what).await;
         let body = serde_json::to_string_pretty(&v).unwrap_or_else(|_| "{}".into()) + "\n";
         let written = if is_http {
-            crate::http::write_response(&mut w, &crate::http::Response::json(code, body), false)
-                .await
+            write_http_json(&mut w, code, body.as_bytes()).await
         } else {
             match w.write_all(body.as_bytes()).await {
                 Ok(()) => w.shutdown().await,
@@ -569,10 +568,47 @@ where
 /// What a connection asked for: the request name and whether to answer in HTTP.
 pub fn parse_request(first_line: &str) -> (String, bool) {
     let line = first_line.trim();
-    if let Some(req) = crate::http::parse_request_line(line) {
-        return (req.path.trim_matches('/').to_string(), true);
+    if let Some(path) = http_request_path(line) {
+        return (path.trim_matches('/').to_string(), true);
     }
     (line.to_ascii_lowercase(), false)
+}
+
+/// The path (without its query) of an HTTP/1.x request line such as
+/// `GET /status?x HTTP/1.1`; None when the line is not one.
+fn http_request_path(line: &str) -> Option<&str> {
+    let mut parts = line.split_ascii_whitespace();
+    let _method = parts.next()?;
+    let target = parts.next()?;
+    let version = parts.next()?;
+    if !version.starts_with("HTTP/1.") || parts.next().is_some() {
+        return None;
+    }
+    target.split(['?', '#']).next()
+}
+
+/// Writes a complete HTTP/1.1 JSON response and closes the stream.
+async fn write_http_json<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    code: u16,
+    body: &[u8],
+) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let reason = match code {
+        200 => "OK",
+        404 => "Not Found",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Unknown",
+    };
+    let head = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    w.write_all(head.as_bytes()).await?;
+    w.write_all(body).await?;
+    w.flush().await?;
+    w.shutdown().await
 }
 
 /// Asks a running Felix over its status socket.

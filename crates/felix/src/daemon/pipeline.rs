@@ -17,11 +17,11 @@ use crate::health::{CALC_GRAPH_HEALTH_INTERVAL, CALCULATION_GRAPH, INTERNAL_DATA
 
 // ---- calculation graph --------------------------------------------------------------------
 
-fn sync_gauge(s: SyncStatus) -> f64 {
+fn sync_gauge(s: SyncStatus) -> i64 {
     match s {
-        SyncStatus::WaitForDatastore => 1.0,
-        SyncStatus::ResyncInProgress => 2.0,
-        SyncStatus::InSync => 3.0,
+        SyncStatus::WaitForDatastore => 1,
+        SyncStatus::ResyncInProgress => 2,
+        SyncStatus::InSync => 3,
     }
 }
 

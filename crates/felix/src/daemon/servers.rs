@@ -11,9 +11,9 @@ use tokio::sync::watch;
 use super::status_api::serve_status;
 use super::{DaemonOptions, RETRY, Shared, StartError, lock};
 use crate::health::HealthAggregator;
-use crate::http::{self, Handler, Response};
 use crate::metrics::Metrics;
 use crate::status::StatusSocket;
+use margay_daemon_http::{Health, Limits, Router};
 
 /// Starts the health server, moves it, or stops it, as configuration says (Calico's
 /// `ServeHTTP(enabled, host, port)`).
@@ -43,21 +43,17 @@ impl HealthServer {
             return;
         }
         let (stop_tx, mut stop_rx) = watch::channel(false);
-        let agg = health.clone();
-        let handler: Handler = Arc::new(move |path: &str| match path {
-            "/liveness" | "/readiness" => {
-                let (status, body) = agg.summary().response(path == "/readiness");
-                Response::text(status, body)
-            }
-            _ => Response::text(404, "404 page not found\n"),
-        });
+        let handler = Router::new()
+            .health(Arc::new(FelixHealth(health.clone())))
+            .into_handler();
         let host_s = host.to_string();
         tokio::spawn(async move {
             loop {
-                match http::bind(&host_s, port).await {
+                match margay_daemon_http::bind(&host_s, port).await {
                     Ok(l) => {
                         tracing::info!(host = %host_s, port, "Health enabled. Starting server.");
-                        http::serve(l, handler, stop_rx).await;
+                        margay_daemon_http::serve(l, handler, None, Limits::default(), stop_rx)
+                            .await;
                         return;
                     }
                     Err(e) => {
@@ -99,22 +95,18 @@ pub(super) async fn start(
             t.server_config()
                 .map_err(|e| StartError::Fatal(format!("Prometheus metrics over TLS: {e}")))?;
         }
-        match http::bind(&host, port).await {
+        match margay_daemon_http::bind(&host, port).await {
             Ok(l) => {
                 tracing::info!(host = %host, port, tls = tls.is_some(), "Prometheus metrics enabled. Starting metrics http server.");
-                let m = metrics.clone();
-                let handler: Handler = Arc::new(move |path: &str| match path {
-                    "/metrics" | "/" => Response {
-                        status: 200,
-                        content_type: "text/plain; version=0.0.4; charset=utf-8",
-                        body: m.render().into_bytes(),
-                    },
-                    _ => Response::text(404, "404 page not found\n"),
-                });
-                servers.push(match tls {
-                    Some(t) => tokio::spawn(http::serve_tls(l, handler, t, stop_rx.clone())),
-                    None => tokio::spawn(http::serve(l, handler, stop_rx.clone())),
-                });
+                let handler = Router::new().metrics(metrics.clone()).into_handler();
+                let tls = tls.map(|t| Arc::new(t) as Arc<dyn margay_daemon_http::TlsSource>);
+                servers.push(tokio::spawn(margay_daemon_http::serve(
+                    l,
+                    handler,
+                    tls,
+                    Limits::default(),
+                    stop_rx.clone(),
+                )));
             }
             Err(e) => {
                 return Err(StartError::Fatal(format!(
@@ -159,4 +151,17 @@ pub(super) async fn start(
         }));
     }
     Ok((servers, stop_servers))
+}
+
+/// Felix's health for the shared server: the aggregator's summary, as Calico's health
+/// endpoints answer (200 good, 204 good with nothing to say, 503 not).
+struct FelixHealth(HealthAggregator);
+
+impl Health for FelixHealth {
+    fn liveness(&self) -> (u16, String) {
+        self.0.summary().response(false)
+    }
+    fn readiness(&self) -> (u16, String) {
+        self.0.summary().response(true)
+    }
 }
