@@ -15,11 +15,17 @@ use tokio::sync::watch;
 use crate::cache::{Cache, CacheReader};
 use crate::config::{RebalancingMode, TyphaConfig};
 use crate::discovery::{RebalanceSettings, run_rebalancer};
-use crate::http::{self, Handler, Response};
 use crate::server::{Server, ServerOptions};
 use crate::syncers::SyncerType;
 use crate::tls::{ServerTls, TYPHA_PARAMS, TlsFiles};
 use crate::upstream::{self, PipelineOptions, UpstreamStats};
+use margay_daemon_http::metrics::{Kind, Registry, SampleWriter};
+use margay_daemon_http::{Health, Limits, Router};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
 
 #[derive(Clone)]
 pub struct DaemonOptions {
@@ -234,12 +240,18 @@ pub async fn run_async(opts: DaemonOptions) -> u8 {
     let pipelines = Arc::new(pipelines);
     let mut side = Vec::new();
     if config.health_enabled {
-        match http::bind(&config.health_host, config.health_port).await {
+        match margay_daemon_http::bind(&config.health_host, config.health_port).await {
             Ok(l) => {
                 tracing::info!(host = %config.health_host, port = config.health_port, "Health enabled. Starting server.");
-                side.push(tokio::spawn(http::serve(
+                let health = TyphaHealth {
+                    server: server.clone(),
+                    pipelines: pipelines.clone(),
+                };
+                side.push(tokio::spawn(margay_daemon_http::serve(
                     l,
-                    health_handler(server.clone(), pipelines.clone()),
+                    Router::new().health(Arc::new(health)).into_handler(),
+                    None,
+                    Limits::default(),
                     stop_rx.clone(),
                 )));
             }
@@ -253,7 +265,7 @@ pub async fn run_async(opts: DaemonOptions) -> u8 {
         }
     }
     if config.prometheus_metrics_enabled {
-        match http::bind(
+        match margay_daemon_http::bind(
             &config.prometheus_metrics_host,
             config.prometheus_metrics_port,
         )
@@ -264,9 +276,12 @@ pub async fn run_async(opts: DaemonOptions) -> u8 {
                     port = config.prometheus_metrics_port,
                     "Prometheus metrics enabled. Starting server."
                 );
-                side.push(tokio::spawn(http::serve(
+                let registry = metrics_registry(&server, &pipelines);
+                side.push(tokio::spawn(margay_daemon_http::serve(
                     l,
-                    metrics_handler(server.clone(), pipelines.clone()),
+                    Router::new().metrics(Arc::new(registry)).into_handler(),
+                    None,
+                    Limits::default(),
                     stop_rx.clone(),
                 )));
             }
@@ -437,236 +452,304 @@ fn spawn_signals(tx: tokio::sync::mpsc::UnboundedSender<&'static str>) {
     });
 }
 
-fn health_handler(server: Arc<Server>, pipelines: Arc<HashMap<SyncerType, Pipeline>>) -> Handler {
-    Arc::new(move |path: &str| match path {
-        "/liveness" => Response::text(200, "live\n"),
-        "/readiness" => {
-            let mut body = String::new();
-            let mut ready = true;
-            let mut types: Vec<_> = pipelines.keys().copied().collect();
-            types.sort();
-            for t in types {
-                let s = server.status(t);
-                let ok = s == Some(SyncStatus::InSync);
-                ready &= ok;
-                let _ = writeln!(body, "syncer {t}: {s:?}");
-            }
-            Response::text(if ready { 200 } else { 503 }, body)
-        }
-        _ => Response::text(404, "404 page not found\n"),
-    })
+/// Typha's health: always live; ready once every syncer type's upstream is in sync, the
+/// body listing each one's status.
+struct TyphaHealth {
+    server: Arc<Server>,
+    pipelines: Arc<HashMap<SyncerType, Pipeline>>,
 }
 
-fn metrics_handler(server: Arc<Server>, pipelines: Arc<HashMap<SyncerType, Pipeline>>) -> Handler {
-    Arc::new(move |path: &str| {
-        if path != "/metrics" && path != "/" {
-            return Response::text(404, "404 page not found\n");
+impl Health for TyphaHealth {
+    fn liveness(&self) -> (u16, String) {
+        (200, "live\n".into())
+    }
+
+    fn readiness(&self) -> (u16, String) {
+        let mut body = String::new();
+        let mut ready = true;
+        let mut types: Vec<_> = self.pipelines.keys().copied().collect();
+        types.sort();
+        for t in types {
+            let s = self.server.status(t);
+            ready &= s == Some(SyncStatus::InSync);
+            let _ = writeln!(body, "syncer {t}: {s:?}");
         }
-        Response {
-            status: 200,
-            content_type: "text/plain; version=0.0.4; charset=utf-8",
-            body: render_metrics(&server, &pipelines).into_bytes(),
-        }
-    })
+        (if ready { 200 } else { 503 }, body)
+    }
 }
 
-fn render_metrics(server: &Server, pipelines: &HashMap<SyncerType, Pipeline>) -> String {
-    let st = &server.stats;
-    let mut out = String::new();
-    let mut counter = |name: &str, help: &str, v: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+/// Typha's metrics, read from the server's and the pipelines' counters at each scrape. The
+/// counters Calico exports without `_total` are Calico-named families; the gauges,
+/// `typha_updates_total` and the resident memory are prometheus-client collectors.
+fn metrics_registry(
+    server: &Arc<Server>,
+    pipelines: &Arc<HashMap<SyncerType, Pipeline>>,
+) -> Registry {
+    type Stat = fn(&crate::server::ServerStats) -> u64;
+    let counters: [(&str, &str, Stat); 15] = [
+        ("typha_connections_accepted", "Connections accepted.", |s| {
+            s.accepted.load(Ordering::Relaxed)
+        }),
+        (
+            "typha_connections_dropped",
+            "Connections dropped for falling behind (MaxFallBehind).",
+            |s| s.dropped_fall_behind.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_connections_write_timeouts",
+            "Connections dropped because a write timed out.",
+            |s| s.dropped_write_timeout.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_connections_pong_timeouts",
+            "Connections dropped because no pong arrived in time.",
+            |s| s.dropped_pong_timeout.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_handshake_failures",
+            "Connections that failed the hello.",
+            |s| s.handshake_failures.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_tls_failures",
+            "Connections refused by TLS (no or wrong client certificate).",
+            |s| s.tls_failures.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_version_mismatches",
+            "Clients refused for their protocol version.",
+            |s| s.version_mismatches.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_bad_frames",
+            "Malformed, oversized or truncated frames received.",
+            |s| s.bad_frames.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_migrations_requested",
+            "Clients asked to move to another Typha.",
+            |s| s.migrations_requested.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_closed_after_grace",
+            "Clients closed after not migrating within the grace period.",
+            |s| s.closed_after_grace.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_refused_full",
+            "Migrating clients refused because this Typha is at its limit.",
+            |s| s.refused_full.load(Ordering::Relaxed),
+        ),
+        ("typha_snapshots_generated", "Snapshots encoded.", |s| {
+            s.snapshots_encoded.load(Ordering::Relaxed)
+        }),
+        (
+            "typha_snapshots_reused",
+            "Clients that shared an already encoded snapshot.",
+            |s| s.snapshots_shared.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_connections_evicted_pending",
+            "Connections without a hello closed to make room for newer ones (ServerMaxPendingHandshakes).",
+            |s| s.evicted_pending.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_snapshot_deadline_drops",
+            "Clients closed because their snapshot was not sent within the write timeout.",
+            |s| s.dropped_snapshot_deadline.load(Ordering::Relaxed),
+        ),
+    ];
+    let mut r = Registry::new();
+    for (name, help, stat) in counters {
+        let server = server.clone();
+        r.register_calico(
+            name,
+            help,
+            Kind::Counter,
+            move |w: &mut SampleWriter<'_>| {
+                w.sample_u64(&[], stat(&server.stats));
+            },
         );
-    };
-    counter(
-        "typha_connections_accepted",
-        "Connections accepted.",
-        st.accepted.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_connections_dropped",
-        "Connections dropped for falling behind (MaxFallBehind).",
-        st.dropped_fall_behind.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_connections_write_timeouts",
-        "Connections dropped because a write timed out.",
-        st.dropped_write_timeout.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_connections_pong_timeouts",
-        "Connections dropped because no pong arrived in time.",
-        st.dropped_pong_timeout.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_handshake_failures",
-        "Connections that failed the hello.",
-        st.handshake_failures.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_tls_failures",
-        "Connections refused by TLS (no or wrong client certificate).",
-        st.tls_failures.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_version_mismatches",
-        "Clients refused for their protocol version.",
-        st.version_mismatches.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_bad_frames",
-        "Malformed, oversized or truncated frames received.",
-        st.bad_frames.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_migrations_requested",
-        "Clients asked to move to another Typha.",
-        st.migrations_requested.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_closed_after_grace",
-        "Clients closed after not migrating within the grace period.",
-        st.closed_after_grace.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_refused_full",
-        "Migrating clients refused because this Typha is at its limit.",
-        st.refused_full.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_snapshots_generated",
-        "Snapshots encoded.",
-        st.snapshots_encoded.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_snapshots_reused",
-        "Clients that shared an already encoded snapshot.",
-        st.snapshots_shared.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_connections_evicted_pending",
-        "Connections without a hello closed to make room for newer ones (ServerMaxPendingHandshakes).",
-        st.evicted_pending.load(Ordering::Relaxed),
-    );
-    counter(
-        "typha_snapshot_deadline_drops",
-        "Clients closed because their snapshot was not sent within the write timeout.",
-        st.dropped_snapshot_deadline.load(Ordering::Relaxed),
-    );
-    counter(
+    }
+    r.register_calico(
         "typha_datastore_skipped_entries",
         "Keys or values the datastore could not decode and skipped.",
-        margay_datastore::kv::skipped_entries(),
+        Kind::Counter,
+        |w: &mut SampleWriter<'_>| w.sample_u64(&[], margay_datastore::kv::skipped_entries()),
     );
-    counter(
-        "typha_frames_sent",
-        "Frames written to clients.",
-        st.frames_sent.load(Ordering::Relaxed),
-    );
-    let _ = writeln!(
-        out,
-        "# HELP typha_connections_active Connected clients.\n# TYPE typha_connections_active gauge"
-    );
-    for (t, n) in server.connections_by_type() {
-        let _ = writeln!(out, "typha_connections_active{{syncer=\"{t}\"}} {n}");
-    }
-    let _ = writeln!(
-        out,
-        "# HELP typha_pending_handshakes Connections that have not finished their hello.\n# TYPE typha_pending_handshakes gauge\ntypha_pending_handshakes {}",
-        st.pending_handshakes.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP typha_snapshot_bytes Bytes of encoded snapshots being sent or kept for sharing.\n# TYPE typha_snapshot_bytes gauge\ntypha_snapshot_bytes {}",
-        st.snapshot_bytes.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP typha_connection_limit Connections above which clients are asked to migrate.\n# TYPE typha_connection_limit gauge\ntypha_connection_limit {}",
-        server.connection_limit()
-    );
-    let mut types: Vec<_> = pipelines.keys().copied().collect();
-    types.sort();
-    let _ = writeln!(
-        out,
-        "# HELP typha_breadcrumb_seq_number Sequence number of the newest breadcrumb.\n# TYPE typha_breadcrumb_seq_number gauge"
-    );
-    for t in &types {
-        let c = pipelines[t].reader.latest();
-        let _ = writeln!(
-            out,
-            "typha_breadcrumb_seq_number{{syncer=\"{t}\"}} {}",
-            c.seq
+    {
+        let server = server.clone();
+        r.register_calico(
+            "typha_frames_sent",
+            "Frames written to clients.",
+            Kind::Counter,
+            move |w: &mut SampleWriter<'_>| {
+                w.sample_u64(&[], server.stats.frames_sent.load(Ordering::Relaxed));
+            },
         );
     }
-    let _ = writeln!(
-        out,
-        "# HELP typha_cache_size Keys in the snapshot cache.\n# TYPE typha_cache_size gauge"
-    );
-    for t in &types {
-        let c = pipelines[t].reader.latest();
-        let _ = writeln!(
-            out,
-            "typha_cache_size{{syncer=\"{t}\"}} {}",
-            c.snapshot.len()
+    let part = |part| {
+        Box::new(TyphaCollector {
+            server: server.clone(),
+            pipelines: pipelines.clone(),
+            part,
+        })
+    };
+    r.register_collector(part(Part::Gauges));
+    r.register_collector(part(Part::Updates));
+    type PerSyncer = fn(&UpstreamStats) -> u64;
+    let per_syncer: [(&str, &str, PerSyncer); 2] = [
+        (
+            "typha_invalid_resources",
+            "Values the validation filter served as deletions.",
+            |s| s.invalid.load(Ordering::Relaxed),
+        ),
+        (
+            "typha_oversized_values",
+            "Values larger than a client accepts, served as deletions.",
+            |s| s.oversized.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, stat) in per_syncer {
+        let pipelines = pipelines.clone();
+        r.register_calico(
+            name,
+            help,
+            Kind::Counter,
+            move |w: &mut SampleWriter<'_>| {
+                for (t, p) in sorted(&pipelines) {
+                    w.sample_u64(&[("syncer", &t.to_string())], stat(&p.stats));
+                }
+            },
         );
     }
-    let _ = writeln!(
-        out,
-        "# HELP typha_in_sync Whether the syncer type's upstream is in sync.\n# TYPE typha_in_sync gauge"
-    );
-    for t in &types {
-        let c = pipelines[t].reader.latest();
-        let _ = writeln!(
-            out,
-            "typha_in_sync{{syncer=\"{t}\"}} {}",
-            u8::from(c.status == SyncStatus::InSync)
-        );
+    r.register_collector(part(Part::Memory));
+    r
+}
+
+fn sorted(pipelines: &HashMap<SyncerType, Pipeline>) -> Vec<(SyncerType, &Pipeline)> {
+    let mut v: Vec<_> = pipelines.iter().map(|(t, p)| (*t, p)).collect();
+    v.sort_by_key(|(t, _)| *t);
+    v
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    Gauges,
+    Updates,
+    Memory,
+}
+
+/// Typha's prometheus-client families, read at each scrape.
+struct TyphaCollector {
+    server: Arc<Server>,
+    pipelines: Arc<HashMap<SyncerType, Pipeline>>,
+    part: Part,
+}
+
+impl std::fmt::Debug for TyphaCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TyphaCollector")
+            .field("part", &self.part)
+            .finish()
     }
-    let _ = writeln!(
-        out,
-        "# HELP typha_updates_total Updates read from the datastore.\n# TYPE typha_updates_total counter"
-    );
-    for t in &types {
-        let s = &pipelines[t].stats;
-        let _ = writeln!(
-            out,
-            "typha_updates_total{{syncer=\"{t}\"}} {}",
-            s.updates.load(Ordering::Relaxed)
-        );
+}
+
+fn to_i64(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
+impl Collector for TyphaCollector {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let st = &self.server.stats;
+        match self.part {
+            Part::Gauges => {
+                let mut m = e.encode_descriptor(
+                    "typha_connections_active",
+                    "Connected clients.",
+                    None,
+                    MetricType::Gauge,
+                )?;
+                for (t, n) in self.server.connections_by_type() {
+                    let labels = [("syncer", t.to_string())];
+                    ConstGauge::new(to_i64(n)).encode(m.encode_family(&labels)?)?;
+                }
+                for (name, help, v) in [
+                    (
+                        "typha_pending_handshakes",
+                        "Connections that have not finished their hello.",
+                        to_i64(st.pending_handshakes.load(Ordering::Relaxed)),
+                    ),
+                    (
+                        "typha_snapshot_bytes",
+                        "Bytes of encoded snapshots being sent or kept for sharing.",
+                        to_i64(st.snapshot_bytes.load(Ordering::Relaxed)),
+                    ),
+                    (
+                        "typha_connection_limit",
+                        "Connections above which clients are asked to migrate.",
+                        to_i64(self.server.connection_limit()),
+                    ),
+                ] {
+                    let m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                    ConstGauge::new(v).encode(m)?;
+                }
+                let latest: Vec<_> = sorted(&self.pipelines)
+                    .into_iter()
+                    .map(|(t, p)| (t.to_string(), p.reader.latest()))
+                    .collect();
+                type Value = fn(&crate::cache::Crumb) -> i64;
+                let per_syncer: [(&str, &str, Value); 3] = [
+                    (
+                        "typha_breadcrumb_seq_number",
+                        "Sequence number of the newest breadcrumb.",
+                        |c| to_i64(c.seq),
+                    ),
+                    ("typha_cache_size", "Keys in the snapshot cache.", |c| {
+                        to_i64(c.snapshot.len())
+                    }),
+                    (
+                        "typha_in_sync",
+                        "Whether the syncer type's upstream is in sync.",
+                        |c| i64::from(c.status == SyncStatus::InSync),
+                    ),
+                ];
+                for (name, help, value) in per_syncer {
+                    let mut m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                    for (t, c) in &latest {
+                        let labels = [("syncer", t.as_str())];
+                        ConstGauge::new(value(c)).encode(m.encode_family(&labels)?)?;
+                    }
+                }
+            }
+            Part::Updates => {
+                // The encoder appends `_total`: typha_updates_total.
+                let mut m = e.encode_descriptor(
+                    "typha_updates",
+                    "Updates read from the datastore.",
+                    None,
+                    MetricType::Counter,
+                )?;
+                for (t, p) in sorted(&self.pipelines) {
+                    let labels = [("syncer", t.to_string())];
+                    ConstCounter::new(p.stats.updates.load(Ordering::Relaxed))
+                        .encode(m.encode_family(&labels)?)?;
+                }
+            }
+            Part::Memory => {
+                if let Some(rss) = margay_daemon_http::metrics::rss_bytes() {
+                    let m = e.encode_descriptor(
+                        "process_resident_memory_bytes",
+                        "Resident memory.",
+                        None,
+                        MetricType::Gauge,
+                    )?;
+                    ConstGauge::new(to_i64(rss)).encode(m)?;
+                }
+            }
+        }
+        Ok(())
     }
-    let _ = writeln!(
-        out,
-        "# HELP typha_invalid_resources Values the validation filter served as deletions.\n# TYPE typha_invalid_resources counter"
-    );
-    for t in &types {
-        let s = &pipelines[t].stats;
-        let _ = writeln!(
-            out,
-            "typha_invalid_resources{{syncer=\"{t}\"}} {}",
-            s.invalid.load(Ordering::Relaxed)
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP typha_oversized_values Values larger than a client accepts, served as deletions.\n# TYPE typha_oversized_values counter"
-    );
-    for t in &types {
-        let s = &pipelines[t].stats;
-        let _ = writeln!(
-            out,
-            "typha_oversized_values{{syncer=\"{t}\"}} {}",
-            s.oversized.load(Ordering::Relaxed)
-        );
-    }
-    if let Some(rss) = crate::bench::rss_bytes(std::process::id()) {
-        let _ = writeln!(
-            out,
-            "# HELP process_resident_memory_bytes Resident memory.\n# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {rss}"
-        );
-    }
-    out
 }
 
 #[cfg(test)]
@@ -711,5 +794,76 @@ mod tests {
         // Valid otherwise: fails later, on the datastore, not on the name.
         let o = opts(&[("TYPHAé_SERVERPORT", "x"), ("DATASTORE_TYPE", "nonsense")]);
         assert_eq!(run_async(o).await, 2);
+    }
+
+    /// The full list of families (name and type) Typha exported before its metrics moved
+    /// to prometheus-client, captured from the hand-written exposition: not one may change.
+    #[tokio::test]
+    async fn metric_families_are_unchanged() {
+        let cache = Cache::new(Instant::now());
+        let reader = cache.reader();
+        let server = Server::new(
+            ServerOptions::from_config(&TyphaConfig::default(), "test".into()),
+            HashMap::from([(SyncerType::Felix, reader.clone())]),
+            None,
+        );
+        let stats = Arc::new(UpstreamStats::default());
+        stats.updates.fetch_add(4, Ordering::Relaxed);
+        stats.invalid.fetch_add(1, Ordering::Relaxed);
+        server.stats.accepted.fetch_add(2, Ordering::Relaxed);
+        let pipelines = Arc::new(HashMap::from([(
+            SyncerType::Felix,
+            Pipeline {
+                reader,
+                stats,
+                _task: AbortOnDrop(tokio::spawn(async {})),
+            },
+        )]));
+        let text = metrics_registry(&server, &pipelines).render();
+        let got = margay_daemon_http::metrics::families(&text);
+        let want = [
+            ("typha_connections_accepted", "counter"),
+            ("typha_connections_dropped", "counter"),
+            ("typha_connections_write_timeouts", "counter"),
+            ("typha_connections_pong_timeouts", "counter"),
+            ("typha_handshake_failures", "counter"),
+            ("typha_tls_failures", "counter"),
+            ("typha_version_mismatches", "counter"),
+            ("typha_bad_frames", "counter"),
+            ("typha_migrations_requested", "counter"),
+            ("typha_closed_after_grace", "counter"),
+            ("typha_refused_full", "counter"),
+            ("typha_snapshots_generated", "counter"),
+            ("typha_snapshots_reused", "counter"),
+            ("typha_connections_evicted_pending", "counter"),
+            ("typha_snapshot_deadline_drops", "counter"),
+            ("typha_datastore_skipped_entries", "counter"),
+            ("typha_frames_sent", "counter"),
+            ("typha_connections_active", "gauge"),
+            ("typha_pending_handshakes", "gauge"),
+            ("typha_snapshot_bytes", "gauge"),
+            ("typha_connection_limit", "gauge"),
+            ("typha_breadcrumb_seq_number", "gauge"),
+            ("typha_cache_size", "gauge"),
+            ("typha_in_sync", "gauge"),
+            ("typha_updates_total", "counter"),
+            ("typha_invalid_resources", "counter"),
+            ("typha_oversized_values", "counter"),
+            ("process_resident_memory_bytes", "gauge"),
+        ]
+        .map(|(n, k)| (n.to_string(), k.to_string()));
+        assert_eq!(got, want, "{text}");
+        for series in [
+            "typha_connections_accepted 2",
+            "typha_updates_total{syncer=\"felix\"} 4",
+            "typha_invalid_resources{syncer=\"felix\"} 1",
+            "typha_cache_size{syncer=\"felix\"} 0",
+            "typha_in_sync{syncer=\"felix\"} 0",
+        ] {
+            assert!(
+                text.contains(&format!("{series}\n")),
+                "missing {series} in\n{text}"
+            );
+        }
     }
 }

@@ -20,7 +20,6 @@ pub mod config;
 pub mod daemon;
 pub mod dedupe;
 pub mod discovery;
-pub mod http;
 pub mod proto;
 pub mod server;
 pub mod syncers;
