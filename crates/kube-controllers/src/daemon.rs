@@ -24,7 +24,6 @@ use tokio::task::JoinSet;
 use crate::config::{
     ConfigError, DEFAULT_NAME, DatastoreKind, EnvSettings, Merged, RunConfig, default_spec, merge,
 };
-use crate::http::{Handler, Response, serve};
 use crate::informer::Informer;
 use crate::ipam_controller::{
     IpamController, IpamGcOptions, KubeView, node_projection, pod_projection,
@@ -35,6 +34,7 @@ use crate::mirrors::{
     run_endpoint_mirror, run_resource_mirror, service_account_projection,
 };
 use crate::status::{CALICO_DATASTORE, KUBE_API_SERVER, STARTUP, Status};
+use margay_daemon_http::{Handler, Health, Limits, Response, Router};
 
 /// Changes the process's log level (the binary's subscriber).
 pub type LogLevelSetter = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
@@ -134,7 +134,13 @@ impl Daemon {
                     source,
                 })?;
             health_addr = l.local_addr().ok();
-            tokio::spawn(serve(l, health_handler(status.clone()), stop_rx.clone()));
+            tokio::spawn(margay_daemon_http::serve(
+                l,
+                health_handler(status.clone()),
+                None,
+                Limits::default(),
+                stop_rx.clone(),
+            ));
         }
         let (maddr_tx, maddr_rx) = watch::channel(None);
         let (run_tx, run_rx) = watch::channel(None);
@@ -199,34 +205,49 @@ impl Daemon {
     }
 }
 
-fn health_handler(status: Arc<Status>) -> Handler {
-    Arc::new(move |path: &str| match path {
-        "/liveness" | "/live" => Response::text(200, "live\n"),
-        "/readiness" | "/ready" => {
-            let s = status.snapshot();
-            if s.ready() {
-                Response::text(200, "ready\n")
-            } else {
-                Response::text(503, format!("not ready: {}\n", s.not_ready()))
-            }
+/// kube-controllers' health: always live; ready once every controller reported ready
+/// (Calico's status file), the body naming those that are not.
+struct ControllersHealth(Arc<Status>);
+
+impl Health for ControllersHealth {
+    fn liveness(&self) -> (u16, String) {
+        (200, "live\n".into())
+    }
+
+    fn readiness(&self) -> (u16, String) {
+        let s = self.0.snapshot();
+        if s.ready() {
+            (200, "ready\n".into())
+        } else {
+            (503, format!("not ready: {}\n", s.not_ready()))
         }
-        "/status/status.json" | "/status" => Response::json(
-            200,
-            serde_json::to_vec(&status.snapshot()).unwrap_or_default(),
-        ),
-        _ => Response::text(404, "404 page not found\n"),
-    })
+    }
 }
 
-fn metrics_handler(metrics: Arc<Metrics>) -> Handler {
-    Arc::new(move |path: &str| match path {
-        "/metrics" | "/" => Response {
-            status: 200,
-            content_type: "text/plain; version=0.0.4; charset=utf-8",
-            body: metrics.render().into_bytes(),
-        },
-        _ => Response::text(404, "404 page not found\n"),
-    })
+/// `/liveness`, `/readiness` (and Calico's `/live`, `/ready` aliases) and the status file as
+/// JSON at `/status/status.json` (and `/status`).
+fn health_handler(status: Arc<Status>) -> Handler {
+    let health = Arc::new(ControllersHealth(status.clone()));
+    let (live, ready) = (health.clone(), health.clone());
+    let json = move || {
+        Response::json(
+            200,
+            serde_json::to_vec(&status.snapshot()).unwrap_or_default(),
+        )
+    };
+    Router::new()
+        .health(health)
+        .route("/live", move || {
+            let (c, b) = live.liveness();
+            Response::text(c, b)
+        })
+        .route("/ready", move || {
+            let (c, b) = ready.readiness();
+            Response::text(c, b)
+        })
+        .route("/status/status.json", json.clone())
+        .route("/status", json)
+        .into_handler()
 }
 
 /// Connects, retrying transient failures for up to a minute (Calico's start-up wait).
@@ -535,7 +556,13 @@ impl Generation {
                     let bound = l.local_addr().ok();
                     tracing::info!(addr = ?bound, "serving Prometheus metrics");
                     metrics_addr.send_replace(bound);
-                    tasks.spawn(serve(l, metrics_handler(metrics.clone()), stop_rx.clone()));
+                    tasks.spawn(margay_daemon_http::serve(
+                        l,
+                        Router::new().metrics(metrics.clone()).into_handler(),
+                        None,
+                        Limits::default(),
+                        stop_rx.clone(),
+                    ));
                 }
                 Err(e) => {
                     tracing::error!(

@@ -20,7 +20,11 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod gc;
-pub mod http;
+/// The one-shot HTTP GET the tests and `check-status` use (the server is
+/// `margay-daemon-http`).
+pub mod http {
+    pub use margay_daemon_http::get;
+}
 pub mod informer;
 pub mod ipam_controller;
 pub mod metrics;

@@ -342,6 +342,12 @@ impl Metrics {
     }
 }
 
+impl margay_daemon_http::Exposition for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
+    }
+}
+
 /// The value of one series in exposition text (tests, the benchmark): `name{labels}`
 /// exactly as rendered, or the sum over every series of `name` when `labels` is None.
 pub fn sample(text: &str, name: &str, labels: Option<&str>) -> Option<f64> {
