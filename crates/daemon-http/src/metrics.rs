@@ -255,7 +255,8 @@ impl Registry {
     }
 
     /// A `prometheus-client` metric, named as that crate names it (a counter gets `_total`
-    /// appended, so register `foo` to export `foo_total`).
+    /// appended, so register `foo` to export `foo_total`). The help is exported as given:
+    /// that crate appends a full stop, so one `help` ends with is dropped first.
     pub fn register(
         &mut self,
         name: &str,
@@ -263,7 +264,7 @@ impl Registry {
         metric: impl prometheus_client::registry::Metric,
     ) {
         let mut r = prometheus_client::registry::Registry::default();
-        r.register(name, help, metric);
+        r.register(name, help.strip_suffix('.').unwrap_or(help), metric);
         self.entries.push(Entry::Client(r));
     }
 
@@ -530,6 +531,12 @@ mod tests {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
         assert!(!text.contains("# EOF"), "{text}");
+        // Help texts exactly as registered, whichever kind.
+        assert!(text.contains("# HELP x_in_sync In sync.\n"), "{text}");
+        assert!(
+            text.contains("# HELP x_resyncs_started Resyncs.\n"),
+            "{text}"
+        );
         assert_eq!(sample(&text, "x_updates{type=\"a\"}"), Some(1.0));
     }
 

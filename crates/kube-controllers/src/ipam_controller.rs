@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::DatastoreKind;
 use crate::gc::{GcState, NodeLookup, NodeNames, Release, ScanInput, ScanOutcome, World};
 use crate::informer::{Change, Informer, Projection, list_fresh};
-use crate::metrics::{Metrics, pool_of, render_ipam};
+use crate::metrics::{IpamGauges, Metrics, pool_of};
 use crate::pods::{PodView, pod_view};
 
 /// At most this many distinct addresses per block in one release write: each frees a handle
@@ -247,7 +247,7 @@ impl<B: KvBackend + Clone + Send + Sync + 'static> IpamController<B> {
                 None => nodes.keys().cloned().collect(),
             };
             let state = &self.state;
-            let gauges = render_ipam(
+            let gauges = IpamGauges::compute(
                 &blocks,
                 &pools,
                 &reservations,
