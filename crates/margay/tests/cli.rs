@@ -202,3 +202,69 @@ fn calicoctl_link_behaves_as_margay_ctl() {
         .success()
         .stdout("all()\ns:5y5I3VdRZfDU01O--xXAPx2yxCQQqMf0M6IWug\n");
 }
+
+#[test]
+fn log_level_takes_calico_names_and_refuses_unknown_ones() {
+    // `warning` (logrus's name) must show warnings, not turn logging off: credentials over
+    // plain http:// are warned about before the (refused) connection fails.
+    for level in ["warning", "Warning", "WARN", "info"] {
+        let out = margay()
+            .args(["--log-level", level, "ctl", "get", "nodes"])
+            .env("DATASTORE_TYPE", "etcdv3")
+            .env("ETCD_ENDPOINTS", "http://127.0.0.1:1")
+            .env("ETCD_USERNAME", "u")
+            .env("ETCD_PASSWORD", "p")
+            .timeout(std::time::Duration::from_secs(60))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("WARN"), "--log-level {level}: {stderr}");
+    }
+    let out = margay()
+        .args(["--log-level", "error", "ctl", "get", "nodes"])
+        .env("DATASTORE_TYPE", "etcdv3")
+        .env("ETCD_ENDPOINTS", "http://127.0.0.1:1")
+        .env("ETCD_USERNAME", "u")
+        .env("ETCD_PASSWORD", "p")
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("WARN"));
+    margay()
+        .args([
+            "--log-level",
+            "warnings",
+            "ctl",
+            "selector",
+            "check",
+            "all()",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains(
+            "invalid --log-level (or MARGAY_LOG_LEVEL) \"warnings\"",
+        ));
+    margay()
+        .env("MARGAY_LOG_LEVEL", "loud")
+        .args(["ctl", "selector", "check", "all()"])
+        .assert()
+        .code(2);
+}
+
+#[test]
+fn completion_scripts_cover_every_role() {
+    for (shell, marker) in [
+        ("bash", "_margay()"),
+        ("zsh", "#compdef margay"),
+        ("fish", "complete -c margay"),
+    ] {
+        let out = margay().args(["completion", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(script.contains(marker), "{shell}");
+        for role in ["ctl", "felix", "typha", "confd", "kube-controllers", "lab"] {
+            assert!(script.contains(role), "{shell} completion lacks {role}");
+        }
+    }
+    margay().args(["completion", "tcsh"]).assert().code(2);
+}
