@@ -11,11 +11,21 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+/// `margay --version`: the release, the commit it was built from and that commit's date.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("MARGAY_GIT_COMMIT"),
+    ", ",
+    env!("MARGAY_COMMIT_DATE"),
+    ")"
+);
+
 /// margay: Kubernetes node networking and network policy, compatible with Project Calico.
 #[derive(Debug, Parser)]
 #[command(
     name = "margay",
-    version,
+    version = VERSION,
     about = "margay: Kubernetes node networking and network policy, compatible with Project Calico",
     long_about = None,
     propagate_version = true

@@ -268,3 +268,26 @@ fn completion_scripts_cover_every_role() {
     }
     margay().args(["completion", "tcsh"]).assert().code(2);
 }
+
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let out = margay().arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        version.starts_with(&format!("margay {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{version}"
+    );
+    // Built from a git checkout (as CI is): the very commit, and its date.
+    if let Ok(head) = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        && head.status.success()
+    {
+        let head = String::from_utf8_lossy(&head.stdout);
+        assert!(version.contains(head.trim()), "{version} vs HEAD {head}");
+    }
+    // Every role answers the same.
+    let felix = margay().args(["felix", "--version"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&felix.stdout).contains("(commit "));
+}
