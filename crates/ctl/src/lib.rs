@@ -146,11 +146,16 @@ pub enum CtlCommand {
     /// Check projectcalico.org/v3 resource files (and Kubernetes NetworkPolicies) without
     /// applying them.
     ///
-    /// Every document of every file is decoded and validated; each problem is printed on its
-    /// own line as `FILE [document N] KIND/NAME: FIELD.PATH: what is wrong`. Exits 1 if any
-    /// document is invalid, 0 if all are valid, 2 if a file cannot be read.
-    #[command(after_help = "Example:
-  margay ctl validate -f ./pools.yaml -f ./policies.yaml")]
+    /// Every document of every file is decoded and validated, and every problem of each is
+    /// reported in one pass (type errors, up to 20 per document, then the validation
+    /// problems), each on its own line as `FILE [document N] KIND/NAME: FIELD.PATH: what is
+    /// wrong`. Exits 1 if any document is invalid, 0 if all are valid, 2 if a file cannot be
+    /// read.
+    #[command(after_help = "Examples:
+  margay ctl validate -f ./pools.yaml -f ./policies.yaml
+
+  # Every .yaml, .yml and .json file under a directory tree.
+  margay ctl validate -f ./calico/ -R")]
     Validate(validate_cmd::ValidateArgs),
     /// IP address management: utilization, consistency check, releasing an address.
     #[command(subcommand)]

@@ -291,3 +291,57 @@ fn version_names_the_commit_it_was_built_from() {
     let felix = margay().args(["felix", "--version"]).output().unwrap();
     assert!(String::from_utf8_lossy(&felix.stdout).contains("(commit "));
 }
+
+#[test]
+fn validate_reports_every_problem_of_every_file_under_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+    std::fs::write(
+        dir.path().join("pool.yaml"),
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: p}\nspec:\n  cidr: 10.0.0.0/16\n  blockSize: many\n  natOutgoing: perhaps\n---\napiVersion: projectcalico.org/v3\nkind: Tier\nmetadata: {name: ok}\nspec: {order: 10}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("sub/gnp.json"),
+        r#"{"apiVersion":"projectcalico.org/v3","kind":"GlobalNetworkPolicy","metadata":{"name":"g"},"spec":{"ingress":[{"action":"Allow","protocol":"TCP","destination":{"ports":[80,true,443,[1]]}}]}}"#,
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a resource").unwrap();
+    // Without -R: the directory's own files only.
+    let out = margay()
+        .args(["ctl", "validate", "-f"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("spec.blockSize"), "{report}");
+    assert!(report.contains("spec.natOutgoing"), "{report}");
+    assert!(!report.contains("gnp.json"), "{report}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 of 2 documents are invalid"),
+        "{out:?}"
+    );
+    // With -R: the subdirectory too, every problem of each document.
+    let out = margay()
+        .args(["ctl", "validate", "-R", "-f"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("destination.ports[1]"), "{report}");
+    assert!(report.contains("destination.ports[3]"), "{report}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("2 of 3 documents are invalid"),
+        "{out:?}"
+    );
+    // An empty directory is a clear problem, not a silent success.
+    let empty = tempfile::tempdir().unwrap();
+    let out = margay()
+        .args(["ctl", "validate", "-f"])
+        .arg(empty.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no resources specified in directory"));
+}
