@@ -131,6 +131,22 @@ pub fn decode_one(input: &str) -> Result<Resource, String> {
     }
 }
 
+/// Reads one JSON or YAML document as a plain value (a patch), with the same bounds on size,
+/// nesting and aliases as resources.
+pub fn parse_patch_document(input: &str) -> Result<Value, SyntaxError> {
+    let mut values = parse_values(input)?;
+    values.retain(|v| !v.is_null());
+    match values.len() {
+        1 => Ok(values.remove(0)),
+        0 => Err(SyntaxError {
+            message: "it is empty".into(),
+        }),
+        n => Err(SyntaxError {
+            message: format!("expected one document, found {n}"),
+        }),
+    }
+}
+
 /// Decodes a resource from a JSON value (as stored in the datastore).
 pub fn decode_value(value: Value) -> Result<Resource, DecodeError> {
     let kind_name = match value.get("kind") {

@@ -21,6 +21,8 @@ pub(crate) struct Connection<B> {
     /// The Kubernetes datastore, where some kinds are derived from Kubernetes objects and
     /// `margay ctl` must not write them.
     pub kubernetes: bool,
+    /// Something the operator should know about where the data came from (stderr).
+    pub note: Option<String>,
 }
 
 /// Why no connection could be made, and the exit code to report it with.
@@ -36,6 +38,9 @@ pub(crate) struct ConnectFailure {
 pub(crate) enum Access {
     MayCreate,
     Existing,
+    /// Reading only (`get`): an embedded store nothing has been written to yet reads as an
+    /// empty one, as a fresh etcd does.
+    Read,
 }
 
 /// Opens the datastore for a command. The real implementation reads the configuration; tests
@@ -71,10 +76,24 @@ impl Connector for EnvConnector {
             message: format!("cannot reach the datastore ({describe}): {reason}"),
             code: EXIT_INVALID,
         };
+        if access == Access::Read
+            && cfg.datastore_type == margay_datastore::DatastoreType::Local
+            && !cfg.local_path.exists()
+        {
+            return Ok(Connection {
+                client: Client::new(AnyBackend::Mem(margay_datastore::MemBackend::new())),
+                note: Some(format!(
+                    "note: nothing has been stored at {} yet (DATASTORE_PATH); it reads as empty",
+                    cfg.local_path.display()
+                )),
+                describe,
+                kubernetes,
+            });
+        }
         let open = async {
             match access {
                 Access::MayCreate => cfg.connect().await,
-                Access::Existing => cfg.connect_existing().await,
+                Access::Existing | Access::Read => cfg.connect_existing().await,
             }
         };
         let backend = match tokio::time::timeout(REACH_TIMEOUT, open).await {
@@ -93,6 +112,7 @@ impl Connector for EnvConnector {
             client: Client::new(backend),
             describe,
             kubernetes,
+            note: None,
         })
     }
 }
@@ -161,7 +181,12 @@ pub(crate) async fn connect_or_report<C: Connector>(
     err: &mut dyn Write,
 ) -> std::io::Result<Result<Connection<C::Backend>, u8>> {
     match connector.connect(config, access).await {
-        Ok(c) => Ok(Ok(c)),
+        Ok(c) => {
+            if let Some(note) = &c.note {
+                writeln!(err, "{note}")?;
+            }
+            Ok(Ok(c))
+        }
         Err(f) => {
             writeln!(err, "error: {}", f.message)?;
             Ok(Err(f.code))

@@ -85,6 +85,7 @@ enum Role {
 }
 
 fn main() -> ExitCode {
+    margay_ctl::set_git_commit(env!("MARGAY_GIT_COMMIT"));
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Executed by a container runtime as a CNI plugin (`margay-ipam`, or `margay` with
     // CNI_COMMAND set and no arguments): the plugin sets up its own logging (never stdout).
