@@ -78,7 +78,7 @@ impl Connector for EnvConnector {
         };
         if access == Access::Read
             && cfg.datastore_type == margay_datastore::DatastoreType::Local
-            && !cfg.local_path.exists()
+            && could_be_created(&cfg.local_path)
         {
             return Ok(Connection {
                 client: Client::new(AnyBackend::Mem(margay_datastore::MemBackend::new())),
@@ -115,6 +115,19 @@ impl Connector for EnvConnector {
             note: None,
         })
     }
+}
+
+/// An embedded store that does not exist yet but could (its nearest existing ancestor is a
+/// directory): nothing has been written to it. A path that can never hold a store (under a
+/// regular file) is not one: opening it reports why.
+fn could_be_created(path: &Path) -> bool {
+    if path.exists() {
+        return false;
+    }
+    path.ancestors()
+        .skip(1)
+        .find(|a| a.exists())
+        .is_some_and(Path::is_dir)
 }
 
 /// The reason without the "datastore unavailable"/"invalid" prefix the message already says.
