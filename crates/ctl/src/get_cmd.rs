@@ -130,7 +130,7 @@ pub(crate) async fn run<C: Connector>(
     if a.names.iter().any(String::is_empty) {
         return usage(err, "resource name may not be empty");
     }
-    let conn = match connect_or_report(connector, config, Access::Existing, err).await? {
+    let conn = match connect_or_report(connector, config, Access::Read, err).await? {
         Ok(c) => c,
         Err(code) => return Ok(code),
     };
