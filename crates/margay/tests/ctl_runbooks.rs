@@ -328,3 +328,45 @@ fn patch_version_configure_and_get_as_calicoctl() {
     let out = cluster.ctl(&["ipam", "configure"]);
     assert_eq!(out.status.code(), Some(2), "at least one setting: {out:?}");
 }
+
+#[test]
+fn get_f_and_yaml_as_calicoctl_prints_them() {
+    let cluster = Cluster::new();
+    // YAML quoted as go-yaml quotes: numbers-as-strings and timestamps in double quotes.
+    let out = cluster.ctl(&["get", "ippools", "-o", "yaml"]);
+    let yaml = text(&out.stdout);
+    assert!(
+        yaml.starts_with(
+            "apiVersion: projectcalico.org/v3\nitems:\n- apiVersion: projectcalico.org/v3\n"
+        ),
+        "{yaml}"
+    );
+    assert!(yaml.contains("\n  resourceVersion: \""), "{yaml}");
+    assert!(yaml.contains("    creationTimestamp: \""), "{yaml}");
+    assert!(!yaml.contains('\''), "{yaml}");
+    // get -f: a named document is read by name, an unnamed one lists its kind; several
+    // results are one sequence.
+    let f = cluster.file("get.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: default-ipv4-ippool}\n---\napiVersion: projectcalico.org/v3\nkind: Node\n",
+    )
+    .unwrap();
+    let out = cluster.ctl(&["get", "-f", f.to_str().unwrap(), "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["kind"], "IPPool");
+    assert_eq!(v[0]["metadata"]["name"], "default-ipv4-ippool");
+    assert_eq!(v[1]["kind"], "NodeList");
+    assert_eq!(v[1]["items"][0]["metadata"]["name"], "n1");
+    // A table per result; a name that does not exist is reported and fails the command.
+    std::fs::write(
+        &f,
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: default-ipv4-ippool}\n---\napiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: missing}\n",
+    )
+    .unwrap();
+    let out = cluster.ctl(&["get", "-f", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("default-ipv4-ippool"), "{out:?}");
+    assert!(text(&out.stderr).contains("missing"), "{out:?}");
+}
