@@ -21,6 +21,7 @@ mod ipam_cmd;
 mod ipam_report;
 mod kinds;
 mod label_cmd;
+mod migrate_cmd;
 mod node_cmd;
 mod patch_cmd;
 mod report;
@@ -180,7 +181,8 @@ pub enum CtlCommand {
     /// This client's version and commit, and the cluster's (ClusterInformation
     /// `calicoVersion` and `clusterType`).
     Version(cluster_cmd::VersionArgs),
-    /// The datastore as a whole: `migrate lock` and `migrate unlock`.
+    /// The datastore as a whole: `migrate lock|unlock|export|import` (moving from etcd to the
+    /// Kubernetes datastore, as calicoctl does).
     #[command(subcommand)]
     Datastore(cluster_cmd::DatastoreCommand),
 }
@@ -250,6 +252,16 @@ pub(crate) fn run_with<C: Connector>(
         }),
         CtlCommand::Version(a) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
             rt.block_on(cluster_cmd::version(&a, config, out, err, connector))
+        }),
+        CtlCommand::Datastore(cluster_cmd::DatastoreCommand::Migrate(
+            cluster_cmd::MigrateCommand::Export,
+        )) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
+            rt.block_on(migrate_cmd::export(config, out, err, connector))
+        }),
+        CtlCommand::Datastore(cluster_cmd::DatastoreCommand::Migrate(
+            cluster_cmd::MigrateCommand::Import(a),
+        )) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
+            rt.block_on(migrate_cmd::import(&a, config, stdin, out, err, connector))
         }),
         CtlCommand::Datastore(cluster_cmd::DatastoreCommand::Migrate(m)) => datastore::runtime(err)
             .map_or(Ok(EXIT_USAGE), |rt| {

@@ -370,3 +370,150 @@ fn get_f_and_yaml_as_calicoctl_prints_them() {
     assert!(text(&out.stdout).contains("default-ipv4-ippool"), "{out:?}");
     assert!(text(&out.stderr).contains("missing"), "{out:?}");
 }
+
+/// calicoctl's documented move from etcd (here the embedded store) to the Kubernetes
+/// datastore: lock, export, import into a cluster (the API server double), unlock.
+#[test]
+fn datastore_migrate_moves_a_cluster_to_the_kubernetes_datastore() {
+    use margay_apiserver::{ApiServer, Gvr, ServerOptions};
+
+    let cluster = Cluster::new();
+    let (_, used) = leak(&cluster);
+    let resources = "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: deny-db}\nspec:\n  selector: app == 'db'\n  types: [Ingress]\n---\napiVersion: projectcalico.org/v3\nkind: FelixConfiguration\nmetadata: {name: node.n1}\nspec: {logSeverityScreen: Debug}\n---\napiVersion: projectcalico.org/v3\nkind: NetworkPolicy\nmetadata: {name: knp.default.from-k8s, namespace: prod}\nspec: {selector: all()}\n";
+    let out = cluster
+        .margay()
+        .args(["ctl", "apply", "-f", "-"])
+        .write_stdin(resources)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    // Export needs a locked store, and nodes that say which Kubernetes node they are.
+    let out = cluster.ctl(&["datastore", "migrate", "export"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("datastore is not locked"),
+        "{out:?}"
+    );
+    cluster.ctl(&["datastore", "migrate", "lock"]);
+    let out = cluster.ctl(&["datastore", "migrate", "export"]);
+    assert!(
+        text(&out.stderr).contains("missing a 'k8s' orchestrator reference"),
+        "{out:?}"
+    );
+    let out = cluster.ctl(&[
+        "patch",
+        "node",
+        "n1",
+        "-p",
+        r#"{"spec":{"orchRefs":[{"nodeName":"k8s-n1","orchestrator":"k8s"}]}}"#,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = cluster.ctl(&["datastore", "migrate", "export"]);
+    assert!(out.status.success(), "{out:?}");
+    let export = text(&out.stdout);
+    assert_eq!(export.matches("\n===\n").count(), 2, "three parts");
+    assert!(export.contains("kind: GlobalNetworkPolicyList"));
+    assert!(
+        export.contains("name: k8s-n1"),
+        "nodes take their Kubernetes names"
+    );
+    assert!(
+        export.contains("name: node.k8s-n1"),
+        "and so does their configuration"
+    );
+    assert!(
+        !export.contains("knp.default.from-k8s"),
+        "derived policies stay behind"
+    );
+    assert!(export.contains("\"Key\": \"/calico/ipam/v2/handle/k8s-pod-network.used\""));
+    assert!(export.contains("host:k8s-n1"), "block affinities renamed");
+    let file = cluster.file("cluster.migrate");
+    std::fs::write(&file, &export).unwrap();
+    let guid = {
+        let out = cluster.ctl(&["get", "clusterinformation", "default", "-o", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["spec"]["clusterGUID"].as_str().unwrap().to_string()
+    };
+
+    // The Kubernetes cluster: its node exists (the kubelet registered it), no Calico data.
+    let api = ApiServer::start(ServerOptions {
+        calico_crds: true,
+        ..ServerOptions::default()
+    })
+    .unwrap();
+    let kubeconfig = cluster.file("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    api.store()
+        .create(
+            Gvr::core("nodes"),
+            "",
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "k8s-n1"}}),
+        )
+        .unwrap();
+    let kube = |args: &[&str]| -> Output {
+        Command::cargo_bin("margay")
+            .unwrap()
+            .env_clear()
+            .env("HOME", cluster.dir.path())
+            .env("DATASTORE_TYPE", "kubernetes")
+            .env("KUBECONFIG", &kubeconfig)
+            .timeout(std::time::Duration::from_secs(60))
+            .arg("ctl")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = kube(&[
+        "datastore",
+        "migrate",
+        "import",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("Datastore locked."), "{stdout}");
+    assert!(
+        stdout.contains("Datastore information successfully imported."),
+        "{stdout}"
+    );
+
+    // Everything is there, under the Kubernetes names.
+    let out = kube(&["get", "gnp", "deny-db", "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = kube(&["get", "felixconfiguration", "node.k8s-n1", "-o", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["spec"]["logSeverityScreen"], "Debug", "{v}");
+    let out = kube(&["ipam", "show", "--ip", &used]);
+    assert!(
+        text(&out.stdout).contains(&format!("IP {used} is in use")),
+        "{out:?}"
+    );
+    let out = kube(&["get", "clusterinformation", "default", "-o", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["spec"]["clusterGUID"],
+        guid.as_str(),
+        "the cluster keeps its identity"
+    );
+    assert_eq!(
+        v["spec"]["datastoreReady"], false,
+        "left locked for the operator"
+    );
+    // A second import refuses: the target is no longer empty.
+    let out = kube(&[
+        "datastore",
+        "migrate",
+        "import",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("already has Calico resources"),
+        "{out:?}"
+    );
+    let out = kube(&["datastore", "migrate", "unlock"]);
+    assert!(text(&out.stdout).contains("Datastore unlocked."), "{out:?}");
+}
