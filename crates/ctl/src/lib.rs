@@ -23,6 +23,7 @@ mod kinds;
 mod label_cmd;
 mod migrate_cmd;
 mod node_cmd;
+mod node_system;
 mod patch_cmd;
 mod report;
 mod selector_cmd;
@@ -165,7 +166,8 @@ pub enum CtlCommand {
     /// IP address management: utilization, consistency check, releasing an address.
     #[command(subcommand)]
     Ipam(ipam_cmd::IpamCommand),
-    /// This node: its BGP sessions (`node status`).
+    /// This node: its BGP sessions (`node status`), whether it can run margay
+    /// (`node checksystem`), a diagnostics bundle (`node diags`).
     #[command(subcommand)]
     Node(node_cmd::NodeCommand),
     /// Change fields of one resource with a JSON merge patch (calicoctl's strategic merge

@@ -517,3 +517,77 @@ fn datastore_migrate_moves_a_cluster_to_the_kubernetes_datastore() {
     let out = kube(&["datastore", "migrate", "unlock"]);
     assert!(text(&out.stdout).contains("Datastore unlocked."), "{out:?}");
 }
+
+#[test]
+fn node_checksystem_and_diags() {
+    // This machine runs the whole suite: it meets the requirements.
+    let out = Command::cargo_bin("margay")
+        .unwrap()
+        .args(["ctl", "node", "checksystem"])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("System meets minimum system requirements to run margay!"));
+    assert!(
+        stdout.contains("nftables") && stdout.contains("veth pairs"),
+        "{stdout}"
+    );
+    // A kernel without nftables fails, naming what is missing.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config");
+    std::fs::write(
+        &cfg,
+        "CONFIG_VETH=y\n# CONFIG_NF_TABLES is not set\nCONFIG_VXLAN=m\n",
+    )
+    .unwrap();
+    let out = Command::cargo_bin("margay")
+        .unwrap()
+        .args(["ctl", "node", "checksystem", "--kernel-config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("FAIL (CONFIG_NF_TABLES not found)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("OK (CONFIG_VXLAN=m)"), "{stdout}");
+    assert!(text(&out.stderr).contains("doesn't meet one or more minimum systems requirements"));
+
+    // diags: a tarball with the node's state and margay's logs.
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(logs.join("cni")).unwrap();
+    std::fs::write(logs.join("cni/cni.log"), "ADD ok\n").unwrap();
+    let out = Command::cargo_bin("margay")
+        .unwrap()
+        .args(["ctl", "node", "diags", "--log-dir"])
+        .arg(&logs)
+        .timeout(std::time::Duration::from_secs(180))
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let tarball = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Diags saved to "))
+        .expect("where the bundle is")
+        .to_string();
+    let listing = std::process::Command::new("tar")
+        .args(["-tzf", &tarball])
+        .output()
+        .unwrap();
+    let listing = text(&listing.stdout);
+    for f in [
+        "diagnostics/ipv4_route",
+        "diagnostics/nft_ruleset",
+        "diagnostics/date",
+        "diagnostics/logs/cni/cni.log",
+    ] {
+        assert!(listing.lines().any(|l| l == f), "{f} in\n{listing}");
+    }
+    let bundle_dir = Path::new(&tarball).parent().unwrap().to_path_buf();
+    assert!(bundle_dir.starts_with(std::env::temp_dir()));
+    std::fs::remove_dir_all(bundle_dir).unwrap();
+}
