@@ -777,9 +777,11 @@ fn decoded(position: DocPosition, value: &Value, result: Result<Resource, Decode
 #[error("cannot encode resource: {0}")]
 pub struct EncodeError(String);
 
-/// One resource as YAML.
+/// One resource (or any document) as YAML, laid out and quoted as calicoctl's
+/// ([`crate::yaml_out`]).
 pub fn to_yaml<T: Serialize>(resource: &T) -> Result<String, EncodeError> {
-    serde_norway::to_string(resource).map_err(|e| EncodeError(e.to_string()))
+    let value = serde_json::to_value(resource).map_err(|e| EncodeError(e.to_string()))?;
+    Ok(crate::yaml_out::to_yaml_string(&value))
 }
 
 /// One resource as JSON, indented when `pretty`.

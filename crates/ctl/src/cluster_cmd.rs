@@ -38,6 +38,18 @@ pub enum MigrateCommand {
     Lock,
     /// Mark the datastore ready again (`datastoreReady: true`).
     Unlock,
+    /// Write the locked datastore's resources, ClusterInformation and IPAM state to standard
+    /// output in calicoctl's migration format (from etcd or the embedded store).
+    #[command(after_help = "Moving from etcd to the Kubernetes datastore:
+  margay ctl datastore migrate lock
+  margay ctl datastore migrate export > cluster.migrate
+  DATASTORE_TYPE=kubernetes margay ctl datastore migrate import -f cluster.migrate
+  # switch every component to DATASTORE_TYPE=kubernetes, check, then:
+  DATASTORE_TYPE=kubernetes margay ctl datastore migrate unlock")]
+    Export,
+    /// Load an export into a Kubernetes datastore that has no Calico data yet; it is locked
+    /// first and left locked (`unlock` once checked).
+    Import(crate::migrate_cmd::ImportArgs),
 }
 
 /// The label width calicoctl pads `version`'s lines to (values start at column 20).
@@ -132,6 +144,7 @@ pub(crate) async fn migrate<C: Connector>(
     let (ready, what) = match cmd {
         MigrateCommand::Lock => (false, "locking"),
         MigrateCommand::Unlock => (true, "unlocking"),
+        MigrateCommand::Export | MigrateCommand::Import(_) => return Ok(crate::EXIT_USAGE),
     };
     let ci = match cluster_information(&conn.client).await {
         Ok(Some(ci)) => ci,

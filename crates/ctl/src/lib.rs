@@ -21,7 +21,9 @@ mod ipam_cmd;
 mod ipam_report;
 mod kinds;
 mod label_cmd;
+mod migrate_cmd;
 mod node_cmd;
+mod node_system;
 mod patch_cmd;
 mod report;
 mod selector_cmd;
@@ -164,7 +166,8 @@ pub enum CtlCommand {
     /// IP address management: utilization, consistency check, releasing an address.
     #[command(subcommand)]
     Ipam(ipam_cmd::IpamCommand),
-    /// This node: its BGP sessions (`node status`).
+    /// This node: its BGP sessions (`node status`), whether it can run margay
+    /// (`node checksystem`), a diagnostics bundle (`node diags`).
     #[command(subcommand)]
     Node(node_cmd::NodeCommand),
     /// Change fields of one resource with a JSON merge patch (calicoctl's strategic merge
@@ -180,7 +183,8 @@ pub enum CtlCommand {
     /// This client's version and commit, and the cluster's (ClusterInformation
     /// `calicoVersion` and `clusterType`).
     Version(cluster_cmd::VersionArgs),
-    /// The datastore as a whole: `migrate lock` and `migrate unlock`.
+    /// The datastore as a whole: `migrate lock|unlock|export|import` (moving from etcd to the
+    /// Kubernetes datastore, as calicoctl does).
     #[command(subcommand)]
     Datastore(cluster_cmd::DatastoreCommand),
 }
@@ -250,6 +254,16 @@ pub(crate) fn run_with<C: Connector>(
         }),
         CtlCommand::Version(a) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
             rt.block_on(cluster_cmd::version(&a, config, out, err, connector))
+        }),
+        CtlCommand::Datastore(cluster_cmd::DatastoreCommand::Migrate(
+            cluster_cmd::MigrateCommand::Export,
+        )) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
+            rt.block_on(migrate_cmd::export(config, out, err, connector))
+        }),
+        CtlCommand::Datastore(cluster_cmd::DatastoreCommand::Migrate(
+            cluster_cmd::MigrateCommand::Import(a),
+        )) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
+            rt.block_on(migrate_cmd::import(&a, config, stdin, out, err, connector))
         }),
         CtlCommand::Datastore(cluster_cmd::DatastoreCommand::Migrate(m)) => datastore::runtime(err)
             .map_or(Ok(EXIT_USAGE), |rt| {

@@ -328,3 +328,266 @@ fn patch_version_configure_and_get_as_calicoctl() {
     let out = cluster.ctl(&["ipam", "configure"]);
     assert_eq!(out.status.code(), Some(2), "at least one setting: {out:?}");
 }
+
+#[test]
+fn get_f_and_yaml_as_calicoctl_prints_them() {
+    let cluster = Cluster::new();
+    // YAML quoted as go-yaml quotes: numbers-as-strings and timestamps in double quotes.
+    let out = cluster.ctl(&["get", "ippools", "-o", "yaml"]);
+    let yaml = text(&out.stdout);
+    assert!(
+        yaml.starts_with(
+            "apiVersion: projectcalico.org/v3\nitems:\n- apiVersion: projectcalico.org/v3\n"
+        ),
+        "{yaml}"
+    );
+    assert!(yaml.contains("\n  resourceVersion: \""), "{yaml}");
+    assert!(yaml.contains("    creationTimestamp: \""), "{yaml}");
+    assert!(!yaml.contains('\''), "{yaml}");
+    // get -f: a named document is read by name, an unnamed one lists its kind; several
+    // results are one sequence.
+    let f = cluster.file("get.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: default-ipv4-ippool}\n---\napiVersion: projectcalico.org/v3\nkind: Node\n",
+    )
+    .unwrap();
+    let out = cluster.ctl(&["get", "-f", f.to_str().unwrap(), "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["kind"], "IPPool");
+    assert_eq!(v[0]["metadata"]["name"], "default-ipv4-ippool");
+    assert_eq!(v[1]["kind"], "NodeList");
+    assert_eq!(v[1]["items"][0]["metadata"]["name"], "n1");
+    // A table per result; a name that does not exist is reported and fails the command.
+    std::fs::write(
+        &f,
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: default-ipv4-ippool}\n---\napiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: missing}\n",
+    )
+    .unwrap();
+    let out = cluster.ctl(&["get", "-f", f.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("default-ipv4-ippool"), "{out:?}");
+    assert!(text(&out.stderr).contains("missing"), "{out:?}");
+}
+
+/// calicoctl's documented move from etcd (here the embedded store) to the Kubernetes
+/// datastore: lock, export, import into a cluster (the API server double), unlock.
+#[test]
+fn datastore_migrate_moves_a_cluster_to_the_kubernetes_datastore() {
+    use margay_apiserver::{ApiServer, Gvr, ServerOptions};
+
+    let cluster = Cluster::new();
+    let (_, used) = leak(&cluster);
+    let resources = "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: deny-db}\nspec:\n  selector: app == 'db'\n  types: [Ingress]\n---\napiVersion: projectcalico.org/v3\nkind: FelixConfiguration\nmetadata: {name: node.n1}\nspec: {logSeverityScreen: Debug}\n---\napiVersion: projectcalico.org/v3\nkind: NetworkPolicy\nmetadata: {name: knp.default.from-k8s, namespace: prod}\nspec: {selector: all()}\n";
+    let out = cluster
+        .margay()
+        .args(["ctl", "apply", "-f", "-"])
+        .write_stdin(resources)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    // Export needs a locked store, and nodes that say which Kubernetes node they are.
+    let out = cluster.ctl(&["datastore", "migrate", "export"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("datastore is not locked"),
+        "{out:?}"
+    );
+    cluster.ctl(&["datastore", "migrate", "lock"]);
+    let out = cluster.ctl(&["datastore", "migrate", "export"]);
+    assert!(
+        text(&out.stderr).contains("missing a 'k8s' orchestrator reference"),
+        "{out:?}"
+    );
+    let out = cluster.ctl(&[
+        "patch",
+        "node",
+        "n1",
+        "-p",
+        r#"{"spec":{"orchRefs":[{"nodeName":"k8s-n1","orchestrator":"k8s"}]}}"#,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = cluster.ctl(&["datastore", "migrate", "export"]);
+    assert!(out.status.success(), "{out:?}");
+    let export = text(&out.stdout);
+    assert_eq!(export.matches("\n===\n").count(), 2, "three parts");
+    assert!(export.contains("kind: GlobalNetworkPolicyList"));
+    assert!(
+        export.contains("name: k8s-n1"),
+        "nodes take their Kubernetes names"
+    );
+    assert!(
+        export.contains("name: node.k8s-n1"),
+        "and so does their configuration"
+    );
+    assert!(
+        !export.contains("knp.default.from-k8s"),
+        "derived policies stay behind"
+    );
+    assert!(export.contains("\"Key\": \"/calico/ipam/v2/handle/k8s-pod-network.used\""));
+    assert!(export.contains("host:k8s-n1"), "block affinities renamed");
+    let file = cluster.file("cluster.migrate");
+    std::fs::write(&file, &export).unwrap();
+    let guid = {
+        let out = cluster.ctl(&["get", "clusterinformation", "default", "-o", "json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["spec"]["clusterGUID"].as_str().unwrap().to_string()
+    };
+
+    // The Kubernetes cluster: its node exists (the kubelet registered it), no Calico data.
+    let api = ApiServer::start(ServerOptions {
+        calico_crds: true,
+        ..ServerOptions::default()
+    })
+    .unwrap();
+    let kubeconfig = cluster.file("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    api.store()
+        .create(
+            Gvr::core("nodes"),
+            "",
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "k8s-n1"}}),
+        )
+        .unwrap();
+    let kube = |args: &[&str]| -> Output {
+        Command::cargo_bin("margay")
+            .unwrap()
+            .env_clear()
+            .env("HOME", cluster.dir.path())
+            .env("DATASTORE_TYPE", "kubernetes")
+            .env("KUBECONFIG", &kubeconfig)
+            .timeout(std::time::Duration::from_secs(60))
+            .arg("ctl")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = kube(&[
+        "datastore",
+        "migrate",
+        "import",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("Datastore locked."), "{stdout}");
+    assert!(
+        stdout.contains("Datastore information successfully imported."),
+        "{stdout}"
+    );
+
+    // Everything is there, under the Kubernetes names.
+    let out = kube(&["get", "gnp", "deny-db", "-o", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = kube(&["get", "felixconfiguration", "node.k8s-n1", "-o", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["spec"]["logSeverityScreen"], "Debug", "{v}");
+    let out = kube(&["ipam", "show", "--ip", &used]);
+    assert!(
+        text(&out.stdout).contains(&format!("IP {used} is in use")),
+        "{out:?}"
+    );
+    let out = kube(&["get", "clusterinformation", "default", "-o", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["spec"]["clusterGUID"],
+        guid.as_str(),
+        "the cluster keeps its identity"
+    );
+    assert_eq!(
+        v["spec"]["datastoreReady"], false,
+        "left locked for the operator"
+    );
+    // A second import refuses: the target is no longer empty.
+    let out = kube(&[
+        "datastore",
+        "migrate",
+        "import",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("already has Calico resources"),
+        "{out:?}"
+    );
+    let out = kube(&["datastore", "migrate", "unlock"]);
+    assert!(text(&out.stdout).contains("Datastore unlocked."), "{out:?}");
+}
+
+#[test]
+fn node_checksystem_and_diags() {
+    // This machine runs the whole suite: it meets the requirements.
+    let out = Command::cargo_bin("margay")
+        .unwrap()
+        .args(["ctl", "node", "checksystem"])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("System meets minimum system requirements to run margay!"));
+    assert!(
+        stdout.contains("nftables") && stdout.contains("veth pairs"),
+        "{stdout}"
+    );
+    // A kernel without nftables fails, naming what is missing.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config");
+    std::fs::write(
+        &cfg,
+        "CONFIG_VETH=y\n# CONFIG_NF_TABLES is not set\nCONFIG_VXLAN=m\n",
+    )
+    .unwrap();
+    let out = Command::cargo_bin("margay")
+        .unwrap()
+        .args(["ctl", "node", "checksystem", "--kernel-config"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("FAIL (CONFIG_NF_TABLES not found)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("OK (CONFIG_VXLAN=m)"), "{stdout}");
+    assert!(text(&out.stderr).contains("doesn't meet one or more minimum systems requirements"));
+
+    // diags: a tarball with the node's state and margay's logs.
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(logs.join("cni")).unwrap();
+    std::fs::write(logs.join("cni/cni.log"), "ADD ok\n").unwrap();
+    let out = Command::cargo_bin("margay")
+        .unwrap()
+        .args(["ctl", "node", "diags", "--log-dir"])
+        .arg(&logs)
+        .timeout(std::time::Duration::from_secs(180))
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    let tarball = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Diags saved to "))
+        .expect("where the bundle is")
+        .to_string();
+    let listing = std::process::Command::new("tar")
+        .args(["-tzf", &tarball])
+        .output()
+        .unwrap();
+    let listing = text(&listing.stdout);
+    for f in [
+        "diagnostics/ipv4_route",
+        "diagnostics/nft_ruleset",
+        "diagnostics/date",
+        "diagnostics/logs/cni/cni.log",
+    ] {
+        assert!(listing.lines().any(|l| l == f), "{f} in\n{listing}");
+    }
+    let bundle_dir = Path::new(&tarball).parent().unwrap().to_path_buf();
+    assert!(bundle_dir.starts_with(std::env::temp_dir()));
+    std::fs::remove_dir_all(bundle_dir).unwrap();
+}
