@@ -9,6 +9,8 @@
 //!   When the test fails (the node is dropped while panicking) the directory is kept and its
 //!   path printed, so the logs survive for a look.
 //! - [`wait_until`] and [`http_get`]: the loop and the probe every readiness wait is made of.
+//! - [`run_within`] and [`output_within`]: a command run to its end, bounded, output captured
+//!   (read while it runs).
 //!
 //! ```no_run
 //! # use std::process::Command;
@@ -25,7 +27,8 @@
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::netns::Netns;
@@ -57,6 +60,67 @@ pub fn wait_until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Result
         }
         std::thread::sleep(POLL);
     }
+}
+
+/// How long the output of a finished command may take to reach EOF (a grandchild that kept
+/// the pipe open must not hang the test).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(10);
+
+/// Reads `r` to its end on a thread; the receiver gets everything read.
+fn drain<R: Read + Send + 'static>(r: Option<R>) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    if let Some(mut r) = r {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            let _ = tx.send(v);
+        });
+    }
+    rx
+}
+
+/// Waits for `child` (its stdout and stderr piped, or not) at most `within`, reading its
+/// output meanwhile (so a chatty child never blocks on a full pipe). A child still running
+/// then is killed and fails the test with `what` and its stderr so far.
+pub fn output_within(what: &str, mut child: Child, within: Duration) -> Output {
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let deadline = Instant::now() + within;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) => {}
+            Err(e) => panic!("{what}: cannot wait for it: {e}"),
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = err.recv_timeout(Duration::from_secs(1)).unwrap_or_default();
+            panic!(
+                "{what} took longer than {within:?}; stderr:\n{}",
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    Output {
+        status,
+        stdout: out.recv_timeout(DRAIN_AFTER_EXIT).unwrap_or_default(),
+        stderr: err.recv_timeout(DRAIN_AFTER_EXIT).unwrap_or_default(),
+    }
+}
+
+/// Runs `cmd` to its end (stdin closed, output captured), at most `within` (see
+/// [`output_within`]).
+pub fn run_within(mut cmd: Command, within: Duration) -> Output {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let what = format!("{cmd:?}");
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    output_within(&what, child, within)
 }
 
 /// One `GET path` on 127.0.0.1:`port` (5 s at most, 1 MiB at most): the status code and the
