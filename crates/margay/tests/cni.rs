@@ -9,12 +9,13 @@
 //! Needs root (CI runs as root); MARGAY_SKIP_ROOT_TESTS=1 skips it elsewhere.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use margay_testkit::netns::{Netns, is_root};
+use margay_testkit::roles::{self, output_within};
 use serde_json::{Value, json};
 
 /// Upper bound for one plugin run (the plugin's own bound is 90 s; a healthy call takes ms).
@@ -35,45 +36,13 @@ fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_margay"))
 }
 
-/// Waits for a child with a deadline, reading its output meanwhile.
-fn finish(mut child: Child, timeout: Duration) -> Output {
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = se.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("a plugin run took longer than {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    Output {
-        status,
-        stdout: t_out.join().unwrap(),
-        stderr: t_err.join().unwrap(),
-    }
-}
-
 /// One node: a host namespace with an uplink and a default route (as a real host has; proxy
 /// ARP only answers for destinations the host can route), a private datastore with pools, a
 /// node name file and an IPAM lock.
 struct Node {
-    dir: tempfile::TempDir,
-    host: Netns,
+    /// The testkit node: the work directory (kept, with the plugin's logs, when a test fails)
+    /// and the host namespace.
+    base: roles::Node,
     /// The etcd endpoint `margay ctl` uses, when the node's store is etcd.
     etcd: Option<String>,
 }
@@ -109,9 +78,9 @@ impl Node {
     }
 
     fn build(pools: &[String], etcd: Option<String>) -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("nodename"), "node-a\n").unwrap();
-        let host = Netns::new("cni-host").unwrap();
+        let base = roles::Node::in_netns("cni-host").unwrap();
+        std::fs::write(base.file("nodename"), "node-a\n").unwrap();
+        let host = base.netns().unwrap();
         host.add_veth(
             "uplink",
             "uplink-peer",
@@ -132,16 +101,26 @@ impl Node {
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
-        let node = Node { dir, host, etcd };
-        let f = node.dir.path().join("pools.yaml");
+        let node = Node { base, etcd };
+        let f = node.dir().join("pools.yaml");
         std::fs::write(&f, pools.join("---\n")).unwrap();
         let o = node.ctl(&["apply", "-f", f.to_str().unwrap()]);
         assert!(o.status.success(), "{o:?}");
         node
     }
 
+    /// The work directory.
+    fn dir(&self) -> &Path {
+        self.base.path()
+    }
+
+    /// The host namespace the plugin runs in.
+    fn host(&self) -> &Netns {
+        self.base.netns().unwrap()
+    }
+
     fn store(&self) -> PathBuf {
-        self.dir.path().join("ds.db")
+        self.dir().join("ds.db")
     }
 
     fn env(&self, cmd: &mut Command) {
@@ -149,7 +128,7 @@ impl Node {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("DATASTORE_TYPE", "local")
             .env("DATASTORE_PATH", self.store())
-            .env("MARGAY_IPAM_LOCK_FILE", self.dir.path().join("ipam.lock"));
+            .env("MARGAY_IPAM_LOCK_FILE", self.dir().join("ipam.lock"));
     }
 
     /// `margay ctl ARGS` against this node's datastore (outside any namespace: it only reads
@@ -181,7 +160,7 @@ impl Node {
             "type": "margay",
             "mtu": 1400,
             "log_level": "debug",
-            "nodename_file": self.dir.path().join("nodename"),
+            "nodename_file": self.dir().join("nodename"),
             "ipam": {"type": "margay-ipam"},
         });
         merge(&mut c, extra);
@@ -197,7 +176,7 @@ impl Node {
         conf: &Value,
         env: &[(&str, &str)],
     ) -> Child {
-        let mut c = self.host.exec(program);
+        let mut c = self.host().exec(program);
         self.env(&mut c);
         c.env("CNI_COMMAND", cmd)
             .env("CNI_CONTAINERID", &pod.id)
@@ -222,7 +201,11 @@ impl Node {
     }
 
     fn run(&self, cmd: &str, pod: &Pod, conf: &Value, env: &[(&str, &str)]) -> Output {
-        finish(self.spawn(&exe(), cmd, pod, conf, env), RUN_TIMEOUT)
+        output_within(
+            "a plugin run",
+            self.spawn(&exe(), cmd, pod, conf, env),
+            RUN_TIMEOUT,
+        )
     }
 
     fn add(&self, pod: &Pod, conf: &Value) -> Value {
@@ -258,7 +241,7 @@ impl Node {
         assert!(out.contains("Found 0 handles."), "{out}");
         let weps = self.ctl(&["get", "workloadendpoints", "-A", "-o", "name"]);
         assert!(weps.stdout.is_empty(), "endpoints left: {}", show(&weps));
-        let links = self.host.ip(&["-o", "link"]).unwrap();
+        let links = self.host().ip(&["-o", "link"]).unwrap();
         assert!(!links.contains("cali"), "host interfaces left: {links}");
     }
 }
@@ -360,18 +343,18 @@ fn add_check_del_ipv4() {
     );
 
     // Host side.
-    let link = node.host.ip(&["-o", "link", "show", &host_veth]).unwrap();
+    let link = node.host().ip(&["-o", "link", "show", &host_veth]).unwrap();
     assert!(
         link.contains("ee:ee:ee:ee:ee:ee") && link.contains("mtu 1400"),
         "{link}"
     );
-    let routes = node.host.ip(&["route"]).unwrap();
+    let routes = node.host().ip(&["route"]).unwrap();
     assert!(
         routes.contains(&format!("{ip} dev {host_veth} scope link")),
         "{routes}"
     );
     let sysctls = node
-        .host
+        .host()
         .exec("sh")
         .arg("-c")
         .arg(format!(
@@ -470,7 +453,7 @@ fn add_check_del_ipv6_only_and_old_result_format() {
         .as_str()
         .unwrap()
         .to_string();
-    let hroutes = node.host.ip(&["-6", "route"]).unwrap();
+    let hroutes = node.host().ip(&["-6", "route"]).unwrap();
     assert!(
         hroutes.contains(&format!("{ip} dev {host_veth}")),
         "{hroutes}"
@@ -559,7 +542,7 @@ fn del_after_the_namespace_is_gone() {
         name,
     };
     // CNI_NETNS still names the deleted namespace.
-    let mut c = node.host.exec(exe());
+    let mut c = node.host().exec(exe());
     node.env(&mut c);
     c.env("CNI_COMMAND", "DEL")
         .env("CNI_CONTAINERID", &ghost.id)
@@ -577,7 +560,7 @@ fn del_after_the_namespace_is_gone() {
         .unwrap()
         .write_all(conf.to_string().as_bytes())
         .unwrap();
-    let o = finish(child, RUN_TIMEOUT);
+    let o = output_within("a plugin run", child, RUN_TIMEOUT);
     assert!(o.status.success(), "{}", show(&o));
     node.assert_clean();
     // And with no CNI_NETNS at all (allowed for DEL).
@@ -674,7 +657,7 @@ fn bad_input_is_a_cni_error_and_writes_nothing() {
     let pod = node.pod("bad-0");
     let conf = node.conf(json!({}));
     let run_raw = |stdin: &str, env: &[(&str, &str)]| {
-        let mut c = node.host.exec(exe());
+        let mut c = node.host().exec(exe());
         node.env(&mut c);
         c.env("CNI_COMMAND", "ADD")
             .env("CNI_CONTAINERID", &pod.id)
@@ -699,7 +682,7 @@ fn bad_input_is_a_cni_error_and_writes_nothing() {
             .unwrap()
             .write_all(stdin.as_bytes())
             .unwrap();
-        finish(child, RUN_TIMEOUT)
+        output_within("a plugin run", child, RUN_TIMEOUT)
     };
     let good = conf.to_string();
     let e = error_of(&run_raw("{\"cniVersion\": \"1.0.0\", \"name\": ", &[]));
@@ -749,7 +732,7 @@ fn bad_input_is_a_cni_error_and_writes_nothing() {
     ));
     assert_eq!(e["code"], 3, "{e}");
 
-    let not_ns = node.dir.path().join("nodename");
+    let not_ns = node.dir().join("nodename");
     let e = error_of(&run_raw(&good, &[("CNI_NETNS", not_ns.to_str().unwrap())]));
     assert_eq!(e["code"], 4, "{e}");
     assert!(
@@ -758,7 +741,7 @@ fn bad_input_is_a_cni_error_and_writes_nothing() {
     );
 
     let mut v = conf.clone();
-    v["nodename_file"] = json!(node.dir.path().join("missing-nodename"));
+    v["nodename_file"] = json!(node.dir().join("missing-nodename"));
     let e = error_of(&run_raw(&v.to_string(), &[]));
     assert_eq!(e["code"], 106, "{e}");
     assert!(e["msg"].as_str().unwrap().contains("margay node"), "{e}");
@@ -825,7 +808,7 @@ fn ipam_plugin_installed_and_used_alone() {
         return;
     }
     let node = Node::new(&[pool("p4", "10.88.0.0/24", 26)]);
-    let bin = node.dir.path().join("bin");
+    let bin = node.dir().join("bin");
     let mut c = Command::new(exe());
     c.args(["cni", "install", "--dir", bin.to_str().unwrap()]);
     let o = c.output().unwrap();
@@ -847,19 +830,28 @@ fn ipam_plugin_installed_and_used_alone() {
     let ipam = bin.join("margay-ipam");
     let pod = node.pod("ipam-0");
     let conf = node.conf(json!({"type": "bridge"}));
-    let o = finish(node.spawn(&ipam, "ADD", &pod, &conf, &[]), RUN_TIMEOUT);
+    let o = output_within(
+        "a plugin run",
+        node.spawn(&ipam, "ADD", &pod, &conf, &[]),
+        RUN_TIMEOUT,
+    );
     assert!(o.status.success(), "{}", show(&o));
     let r: Value = serde_json::from_slice(&o.stdout).unwrap();
     let addr = r["ips"][0]["address"].as_str().unwrap();
     assert!(addr.starts_with("10.88.0.") && addr.ends_with("/26"), "{r}");
     assert!(r.get("interfaces").is_none(), "{r}");
     // No interfaces, no endpoint: only the address.
-    assert!(!node.host.ip(&["-o", "link"]).unwrap().contains("cali"));
-    let o = finish(node.spawn(&ipam, "DEL", &pod, &conf, &[]), RUN_TIMEOUT);
+    assert!(!node.host().ip(&["-o", "link"]).unwrap().contains("cali"));
+    let o = output_within(
+        "a plugin run",
+        node.spawn(&ipam, "DEL", &pod, &conf, &[]),
+        RUN_TIMEOUT,
+    );
     assert!(o.status.success(), "{}", show(&o));
     node.assert_clean();
     // VERSION through the installed name.
-    let o = finish(
+    let o = output_within(
+        "a plugin run",
         node.spawn(&ipam, "VERSION", &pod, &json!({"cniVersion": "0.3.1"}), &[]),
         RUN_TIMEOUT,
     );
@@ -943,7 +935,7 @@ fn chained_with_portmap_and_bandwidth() {
     // portmap 1.1.1 (Debian 12) checks the IPv6 DNAT chain on CHECK even for an IPv4-only
     // pod whenever ip6tables is usable, and then fails. Give it a PATH with iptables but
     // without ip6tables, so it manages (and checks) IPv4 only, as it should.
-    let v4bin = node.dir.path().join("v4bin");
+    let v4bin = node.dir().join("v4bin");
     std::fs::create_dir_all(&v4bin).unwrap();
     for tool in ["iptables", "iptables-save", "iptables-restore"] {
         std::os::unix::fs::symlink(Path::new("/usr/sbin").join(tool), v4bin.join(tool)).unwrap();
@@ -965,7 +957,11 @@ fn chained_with_portmap_and_bandwidth() {
         }
         let env = env_for(program);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let o = finish(node.spawn(program, "ADD", &pod, &c, &env), RUN_TIMEOUT);
+        let o = output_within(
+            "a plugin run",
+            node.spawn(program, "ADD", &pod, &c, &env),
+            RUN_TIMEOUT,
+        );
         assert!(
             o.status.success(),
             "ADD {}: {}",
@@ -982,7 +978,7 @@ fn chained_with_portmap_and_bandwidth() {
         .unwrap()
         .to_string();
     let q = node
-        .host
+        .host()
         .exec("tc")
         .args(["qdisc", "show", "dev", &host_veth])
         .output()
@@ -998,7 +994,11 @@ fn chained_with_portmap_and_bandwidth() {
         c["prevResult"] = result.clone();
         let env = env_for(program);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let o = finish(node.spawn(program, "CHECK", &pod, &c, &env), RUN_TIMEOUT);
+        let o = output_within(
+            "a plugin run",
+            node.spawn(program, "CHECK", &pod, &c, &env),
+            RUN_TIMEOUT,
+        );
         assert!(
             o.status.success(),
             "CHECK {}: {}",
@@ -1012,7 +1012,11 @@ fn chained_with_portmap_and_bandwidth() {
         c["prevResult"] = result.clone();
         let env = env_for(program);
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let o = finish(node.spawn(program, "DEL", &pod, &c, &env), RUN_TIMEOUT);
+        let o = output_within(
+            "a plugin run",
+            node.spawn(program, "DEL", &pod, &c, &env),
+            RUN_TIMEOUT,
+        );
         assert!(
             o.status.success(),
             "DEL {}: {}",
@@ -1040,7 +1044,7 @@ fn a_hundred_simultaneous_adds() {
         .collect();
     let mut ips = std::collections::BTreeSet::new();
     for c in children {
-        let o = finish(c, RUN_TIMEOUT);
+        let o = output_within("a plugin run", c, RUN_TIMEOUT);
         assert!(o.status.success(), "{}", show(&o));
         let r: Value = serde_json::from_slice(&o.stdout).unwrap();
         ips.insert(ips_of(&r).remove(0));
@@ -1055,7 +1059,7 @@ fn a_hundred_simultaneous_adds() {
         .map(|p| node.spawn(&exe(), "DEL", p, &conf, &[]))
         .collect();
     for c in children {
-        let o = finish(c, RUN_TIMEOUT);
+        let o = output_within("a plugin run", c, RUN_TIMEOUT);
         assert!(o.status.success(), "{}", show(&o));
     }
     node.assert_clean();
@@ -1073,7 +1077,7 @@ fn etcd_datastore_from_the_network_config() {
     let mut etcd = margay_testkit::etcd::EtcdServer::start().unwrap();
     etcd.wait_healthy().unwrap();
     let node = Node::build(&[pool("p4", "10.92.0.0/24", 28)], Some(etcd.endpoint()));
-    let bin = node.dir.path().join("bin");
+    let bin = node.dir().join("bin");
     let o = Command::new(exe())
         .args(["cni", "install", "--dir", bin.to_str().unwrap()])
         .output()
@@ -1100,7 +1104,7 @@ fn etcd_datastore_from_the_network_config() {
             .unwrap()
             .write_all(conf.to_string().as_bytes())
             .unwrap();
-        finish(child, RUN_TIMEOUT)
+        output_within("a plugin run", child, RUN_TIMEOUT)
     };
     let o = run("ADD");
     assert!(o.status.success(), "{}", show(&o));
@@ -1160,7 +1164,7 @@ fn delegates_to_another_ipam_plugin() {
     let conf = node.conf(json!({"ipam": {
         "type": "host-local",
         "ranges": [[{"subnet": "10.93.0.0/24"}]],
-        "dataDir": node.dir.path().join("host-local"),
+        "dataDir": node.dir().join("host-local"),
     }}));
     let result = node.add(&pod, &conf);
     let ip = ips_of(&result).remove(0);
@@ -1175,7 +1179,7 @@ fn delegates_to_another_ipam_plugin() {
     node.del(&pod, &conf);
     node.assert_clean();
     // host-local released it too: its data directory holds no address file any more.
-    let left: Vec<String> = std::fs::read_dir(node.dir.path().join("host-local/k8s-pod-network"))
+    let left: Vec<String> = std::fs::read_dir(node.dir().join("host-local/k8s-pod-network"))
         .map(|d| {
             d.filter_map(Result::ok)
                 .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -1235,7 +1239,7 @@ fn the_networks_profile_is_made_for_other_runtimes() {
         })
         .collect();
     for c in children {
-        let o = finish(c, RUN_TIMEOUT);
+        let o = output_within("a plugin run", c, RUN_TIMEOUT);
         assert!(o.status.success(), "{}", show(&o));
     }
     let o = node.ctl(&["get", "profile", "margaynet", "-o", "json"]);
@@ -1297,7 +1301,7 @@ struct Api {
 impl Api {
     fn start(node: &Node) -> Api {
         let ns =
-            margay_netlink::netns::open(Path::new(&format!("/run/netns/{}", node.host.name())))
+            margay_netlink::netns::open(Path::new(&format!("/run/netns/{}", node.host().name())))
                 .unwrap();
         let server = margay_netlink::netns::run_in(&ns, || {
             ApiServer::start(ServerOptions {
@@ -1307,7 +1311,7 @@ impl Api {
             .map_err(std::io::Error::other)
         })
         .unwrap();
-        let kubeconfig = node.dir.path().join("kubeconfig");
+        let kubeconfig = node.dir().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).unwrap();
         let api = Api { server, kubeconfig };
         api.namespace("default", json!({}));
@@ -1360,7 +1364,7 @@ impl Api {
 
     /// `margay ctl` against this server, from the host namespace (where it listens).
     fn ctl(&self, node: &Node, args: &[&str], env: &[(&str, &str)]) -> Output {
-        let mut c = node.host.exec(exe());
+        let mut c = node.host().exec(exe());
         c.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("DATASTORE_TYPE", "kubernetes")
@@ -1387,7 +1391,7 @@ impl Api {
     /// The configuration of the Kubernetes datastore (IPAM and endpoints in this server),
     /// with its pools and the Kubernetes Node of node-a.
     fn kdd_conf(&self, node: &Node, pools: &[String]) -> Value {
-        let f = node.dir.path().join("kdd-pools.yaml");
+        let f = node.dir().join("kdd-pools.yaml");
         std::fs::write(&f, pools.join("---\n")).unwrap();
         let o = self.ctl(node, &["apply", "-f", f.to_str().unwrap()], &[]);
         assert!(o.status.success(), "{}", show(&o));
@@ -1415,7 +1419,7 @@ impl Api {
             let ip = &p["metadata"]["annotations"]["cni.projectcalico.org/podIP"];
             assert!(ip.is_null() || ip == "", "pod still has addresses: {p}");
         }
-        let links = node.host.ip(&["-o", "link"]).unwrap();
+        let links = node.host().ip(&["-o", "link"]).unwrap();
         assert!(!links.contains("cali"), "host interfaces left: {links}");
     }
 }
@@ -1871,7 +1875,7 @@ fn k8s_unknown_pod_fails_add_with_nothing_leaked() {
     node.assert_clean();
     // Bound in the node's host namespace, where the plugin dials it.
     let host_ns =
-        margay_netlink::netns::open(Path::new(&format!("/run/netns/{}", node.host.name())))
+        margay_netlink::netns::open(Path::new(&format!("/run/netns/{}", node.host().name())))
             .unwrap();
     margay_netlink::netns::run_in(&host_ns, || {
         api.server.start_again().map_err(std::io::Error::other)
@@ -2032,7 +2036,7 @@ fn kdd_end_to_end_the_endpoint_felix_sees() {
             .to_string();
         let want_prefix = prefix.map_or("cali", |p| &p[..3]);
         assert!(veth.starts_with(want_prefix), "{veth}");
-        let links = node.host.ip(&["-o", "link", "show", &veth]).unwrap();
+        let links = node.host().ip(&["-o", "link", "show", &veth]).unwrap();
         assert!(links.contains(&veth), "{links}");
         let wep_name = format!("node--a-k8s-{}-eth0", name.replace('-', "--"));
         let o = api.ctl(

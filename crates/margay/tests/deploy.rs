@@ -21,7 +21,7 @@
 #![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
@@ -311,46 +311,6 @@ fn is_margay(argv: &[String]) -> bool {
 // Running margay
 // ---------------------------------------------------------------------------------------------
 
-/// Runs a command to its end (bounded), output captured.
-fn finish(mut c: Command, timeout: Duration) -> Output {
-    c.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = se.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{c:?} took longer than {timeout:?}; stderr:\n{}",
-                String::from_utf8_lossy(&t_err.join().unwrap())
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Output {
-        status,
-        stdout: t_out.join().unwrap(),
-        stderr: t_err.join().unwrap(),
-    }
-}
-
 fn show(o: &Output) -> String {
     format!(
         "{}\nstdout:\n{}\nstderr:\n{}",
@@ -374,7 +334,7 @@ fn margay_help(args: &[String]) -> Result<String, String> {
     let home = tempfile::tempdir().unwrap();
     let mut c = margay(home.path());
     c.args(args).arg("--help");
-    let o = finish(c, WAIT);
+    let o = roles::run_within(c, WAIT);
     if o.status.success() {
         Ok(String::from_utf8_lossy(&o.stdout).into_owned())
     } else {
@@ -641,7 +601,7 @@ fn every_document_is_a_kubernetes_object() {
 #[test]
 fn every_container_runs_a_margay_command_line() {
     let kube_controllers = has_role("kube-controllers");
-    let bird_help = finish(
+    let bird_help = roles::run_within(
         {
             let mut c = Command::new("bird");
             c.arg("--help");
@@ -761,7 +721,7 @@ fn check_felix_variables(at: &str, vars: &[(String, String)]) {
     for (k, v) in vars {
         c.env(k, v);
     }
-    let o = finish(c, WAIT);
+    let o = roles::run_within(c, WAIT);
     assert!(o.status.success(), "{at}: felix config: {}", show(&o));
     let cfg: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(cfg["unknown"], json!([]), "{at}: not Felix parameters");
@@ -1375,7 +1335,7 @@ impl Kubectl {
             .args(args)
             .env("HOME", self.dir.path())
             .env_remove("KUBECONFIG");
-        finish(c, WAIT)
+        roles::run_within(c, WAIT)
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -1500,7 +1460,7 @@ fn kubectl_applies_deploy_to_the_api_server() {
     c.env("DATASTORE_TYPE", "kubernetes")
         .env("KUBECONFIG", k.dir.path().join("kubeconfig"))
         .args(["ctl", "get", "ippools", "-o", "name"]);
-    let o = finish(c, WAIT);
+    let o = roles::run_within(c, WAIT);
     assert!(o.status.success(), "{}", show(&o));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("from-kubectl"),
@@ -1798,7 +1758,7 @@ fn run_node_startup(
     if let Some(ns) = netns {
         c = in_netns(ns, c);
     }
-    let o = finish(c, WAIT);
+    let o = roles::run_within(c, WAIT);
     assert!(o.status.success(), "node start-up: {}", show(&o));
     assert_within_rbac(
         m,
@@ -1859,7 +1819,7 @@ fn run_install_cni_config(m: &Manifests, api: &ApiServer, d: &Path) -> (String, 
             ("KUBERNETES_SERVICE_PORT", api.addr().port().to_string()),
         ],
     );
-    let o = finish(c, WAIT);
+    let o = roles::run_within(c, WAIT);
     assert!(o.status.success(), "install-cni-config: {}", show(&o));
     let installed = std::fs::read_to_string(net_d.join("10-margay.conflist")).unwrap();
     assert_eq!(installed, conflist_text);
@@ -1983,7 +1943,7 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
             ("CNI_PLUGIN_TOKEN_DIR", empty.display().to_string()),
         ],
     );
-    let o = finish(c, WAIT);
+    let o = roles::run_within(c, WAIT);
     assert!(!o.status.success());
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("margay-cni-plugin-token"),
@@ -2076,7 +2036,7 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
             {
                 c.env(k, v);
             }
-            let o = finish(c, WAIT);
+            let o = roles::run_within(c, WAIT);
             if o.status.success() {
                 Ok(())
             } else {
@@ -2148,7 +2108,7 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
     let mut c = container_command(&bgp, &confd_c, d, std::slice::from_ref(&kc));
     c.args(["--once", "--no-reload", "--config-dir"])
         .arg(&bird_dir);
-    let o = finish(c, WAIT);
+    let o = roles::run_within(c, WAIT);
     assert!(o.status.success(), "confd --once: {}", show(&o));
     let cfg = std::fs::read_to_string(bird_dir.join("bird.cfg")).unwrap();
     assert!(cfg.contains("router id 127.0.0.1"), "{cfg}");
@@ -2346,7 +2306,7 @@ fn kube_controllers_run_as_deployed_within_their_rbac() {
             kc.assert_running();
             let mut p = margay(d);
             p.args(&argv[1..]).arg("-f").arg(&status_file);
-            let o = finish(p, WAIT);
+            let o = roles::run_within(p, WAIT);
             if o.status.success() {
                 Ok(())
             } else {
