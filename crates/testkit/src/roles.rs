@@ -9,8 +9,9 @@
 //!   When the test fails (the node is dropped while panicking) the directory is kept and its
 //!   path printed, so the logs survive for a look.
 //! - [`wait_until`] and [`http_get`]: the loop and the probe every readiness wait is made of.
-//! - [`run_within`] and [`output_within`]: a command run to its end, bounded, output captured
-//!   (read while it runs).
+//! - [`run_within`], [`run_with_input`], [`spawn_with_input`] and [`output_within`]: a
+//!   command run to its end (with input on its stdin), bounded, output captured (read while it
+//!   runs).
 //!
 //! ```no_run
 //! # use std::process::Command;
@@ -121,6 +122,32 @@ pub fn run_within(mut cmd: Command, within: Duration) -> Output {
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
     output_within(&what, child, within)
+}
+
+/// Starts `cmd` with `input` on its stdin (written from a thread, then closed) and its
+/// stdout and stderr piped, for [`output_within`]: how a CNI runtime runs a plugin.
+pub fn spawn_with_input(mut cmd: Command, input: &[u8]) -> Child {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = input.to_vec();
+        // A child that exits without reading its input is not this helper's failure.
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+    }
+    child
+}
+
+/// Runs `cmd` with `input` on its stdin to its end, at most `within` (see
+/// [`spawn_with_input`], [`output_within`]).
+pub fn run_with_input(cmd: Command, input: &[u8], within: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    output_within(&what, spawn_with_input(cmd, input), within)
 }
 
 /// One `GET path` on 127.0.0.1:`port` (5 s at most, 1 MiB at most): the status code and the
