@@ -155,11 +155,9 @@ pub fn run_with_input(cmd: Command, input: &[u8], within: Duration) -> Output {
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    // One write: a server that reads one segment and closes must see the whole request.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).ok()?;
     let mut raw = String::new();
     let _ = s.take(MAX_ANSWER).read_to_string(&mut raw);
     let code = raw.split_whitespace().nth(1)?.parse().ok()?;
@@ -533,8 +531,15 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let server = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
+            // The whole request first: closing with unread bytes would reset the connection
+            // and lose the answer.
+            let mut req = Vec::new();
             let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf).unwrap();
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "the request ended early");
+                req.extend_from_slice(&buf[..n]);
+            }
             s.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\nno")
                 .unwrap();
         });

@@ -102,10 +102,11 @@ fn ctl_writes_calico_custom_resources_and_shows_derived_objects() {
     let peer = s.get(Gvr::calico("bgppeers"), "", "tor").unwrap();
     assert_eq!(peer["spec"]["peerIP"], "10.0.0.254");
 
-    // get shows the custom resource, its resourceVersion the API object's.
+    // get shows the custom resource, its resourceVersion the API object's (quoted as
+    // calicoctl's go-yaml v2 quotes a numeric string).
     let yaml = k.ctl_ok(&["get", "ippool", "pool-a", "-o", "yaml"]);
     assert!(
-        yaml.contains(&format!("resourceVersion: '{}'", rv(&pool))),
+        yaml.contains(&format!("resourceVersion: \"{}\"", rv(&pool))),
         "{yaml}\n{pool}"
     );
     assert!(
