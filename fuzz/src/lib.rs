@@ -14,10 +14,10 @@
 //! under `fuzz/artifacts/<target>/` and reproduced with `margay-fuzz <target> --replay FILE`.
 #![deny(unsafe_code)]
 
-mod alloc;
 pub mod targets;
 
-pub use alloc::Counting;
+use margay_testkit::alloc;
+pub use margay_testkit::alloc::Counting;
 
 use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;

@@ -1,58 +1,14 @@
 //! `margay ctl` fed hostile or careless input: every case ends with a clear error, in bounded
 //! memory and time. Memory is what this thread allocates (a counting global allocator);
 //! `validate` runs on the calling thread.
-// A GlobalAlloc impl is necessarily unsafe; the library itself is `#![forbid(unsafe_code)]`.
-#![allow(unsafe_code)]
 #![allow(clippy::unwrap_used)] // Test code: a failed unwrap is a failed test.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use margay_ctl::CtlArgs;
-
-thread_local! {
-    // Per thread, so the harness's other threads (other tests) don't count.
-    static LIVE: Cell<isize> = const { Cell::new(0) };
-    static PEAK: Cell<isize> = const { Cell::new(0) };
-}
-
-fn charge(delta: isize) {
-    // try_with: the TLS slot may be gone while a thread is being torn down.
-    let _ = LIVE.try_with(|l| {
-        let now = l.get() + delta;
-        l.set(now);
-        let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
-    });
-}
-
-struct Counting;
-
-// SAFETY: every method forwards to `System` with the caller's arguments.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        charge(layout.size() as isize);
-        // SAFETY: forwarded contract.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        charge(layout.size() as isize);
-        // SAFETY: forwarded contract.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        charge(new_size as isize - layout.size() as isize);
-        // SAFETY: forwarded contract.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        charge(-(layout.size() as isize));
-        // SAFETY: forwarded contract.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use margay_testkit::alloc::{Counting, peak_since, reset_peak};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -76,12 +32,11 @@ struct Run {
 fn ctl(args: &[&str], stdin: &mut dyn Read) -> Run {
     let cli = Cli::try_parse_from(std::iter::once("ctl").chain(args.iter().copied())).unwrap();
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let base = LIVE.with(Cell::get);
-    PEAK.with(|p| p.set(base));
+    let base = reset_peak();
     let start = Instant::now();
     let code = margay_ctl::run(cli.ctl, stdin, &mut out, &mut err);
     let took = start.elapsed();
-    let peak = (PEAK.with(Cell::get) - base).max(0) as usize;
+    let peak = peak_since(base);
     Run {
         code,
         out: String::from_utf8_lossy(&out).into_owned(),

@@ -475,6 +475,14 @@ fn is_conflict(e: &DatastoreError) -> bool {
     )
 }
 
+/// What a retry loop returns once every attempt lost a compare-and-swap.
+fn too_many_retries(what: String) -> IpamError {
+    IpamError::TooManyRetries {
+        what,
+        attempts: MAX_RETRIES,
+    }
+}
+
 /// A short pause before retrying a lost compare-and-swap, growing with the attempt and spread
 /// by a per-caller value so racing writers do not retry in lockstep.
 async fn backoff(attempt: usize, spread: u64) {
@@ -508,6 +516,20 @@ impl<B: KvBackend + Clone> Ipam<B> {
             return Err(unexpected_answer());
         }
         Ok(results.into_iter())
+    }
+
+    /// Writes one conditional transaction of a compare-and-swap retry loop: true when it was
+    /// written (the hints remember what it wrote), false when a condition failed (the caller
+    /// reads again and retries), an error otherwise.
+    async fn commit(&self, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<bool, IpamError> {
+        match self.kv.txn(compares, ops).await {
+            Ok(resp) => {
+                self.hints().remember(&resp);
+                Ok(true)
+            }
+            Err(e) if is_conflict(&e) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Serialise this host's operations through `lock` (see [`HostLock`]).

@@ -176,7 +176,7 @@ on_both_stores!(
 );
 
 /// `ipam show/check/release` on a store with a pool and an endpoint whose address IPAM never
-/// allocated (the allocating side is tested with the CNI plugin, tests/cni.rs).
+/// allocated (the allocating side is tested with the CNI plugin, tests/cni/).
 fn ipam_show_check_and_release(s: &Store) {
     let f = s.file("pool.yaml", &pool("pool-i", "10.44.0.0/16", "{}"));
     assert_eq!(run(s.ctl(&["create", "-f", &f])).code, 0);

@@ -9,11 +9,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use margay_testkit::netns::{Netns, is_root};
+use margay_testkit::roles::{Node, Role};
 use serde_json::Value;
 
 const NODE: &str = "nodea";
@@ -27,53 +28,37 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_margay")
 }
 
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-struct TempDir(PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Pods: 0 web, 1 db, 2 spoof (its endpoint asks to send from 10.99.0.0/24).
 const WEB: usize = 0;
 const DB: usize = 1;
 const SPOOF: usize = 2;
 
+/// The test's node (a testkit [`Node`] in its own namespace: work directory kept and logs
+/// shown when a test fails), its neighbours and the listeners in them. Fields drop in order:
+/// the listeners before the namespaces they run in.
 struct Env {
-    dir: TempDir,
-    node: Netns,
-    outside: Netns,
+    _listeners: Vec<Role>,
     pods: Vec<(Netns, &'static str)>,
-    procs: Procs,
+    outside: Netns,
+    node: Node,
 }
 
 impl Env {
+    /// The node's namespace.
+    fn ns(&self) -> &Netns {
+        self.node.netns().unwrap()
+    }
+
     fn db(&self) -> PathBuf {
-        self.dir.0.join("store.db")
+        self.node.file("store.db")
     }
 
     fn socket(&self) -> PathBuf {
-        self.dir.0.join("felix.sock")
+        self.node.file("felix.sock")
     }
 
     fn mtu_file(&self) -> PathBuf {
-        self.dir.0.join("mtu")
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.0.join("felix.log")).unwrap_or_default()
+        self.node.file("mtu")
     }
 
     fn margay(&self) -> Command {
@@ -85,7 +70,7 @@ impl Env {
     }
 
     fn apply(&self, name: &str, yaml: &str) {
-        let file = self.dir.0.join(name);
+        let file = self.node.file(name);
         std::fs::write(&file, yaml).unwrap();
         let out = self
             .margay()
@@ -116,48 +101,31 @@ impl Env {
 
     /// Felix as the node runs it, with `extra` FELIX_* settings.
     fn felix_command(&self, extra: &[(&str, &str)]) -> Command {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.0.join("felix.log"))
-            .unwrap();
-        let mut c = Command::new("ip");
-        c.args([
-            "netns",
-            "exec",
-            self.node.name(),
-            bin(),
-            "felix",
-            "run",
-            "--status-socket",
-        ])
-        .arg(self.socket())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("DATASTORE_TYPE", "local")
-        .env("DATASTORE_PATH", self.db())
-        .env("FELIX_FELIXHOSTNAME", NODE)
-        .env("FELIX_HEALTHENABLED", "false")
-        .env("FELIX_LOGSEVERITYSCREEN", "Info")
-        // The machine's own syslog is none of the test's business.
-        .env("FELIX_LOGSEVERITYSYS", "none")
-        .env("MARGAY_DATAPLANE", "linux")
-        .env("MARGAY_MTU_FILE", self.mtu_file())
-        .env("FELIX_ENDPOINTSTATUSPATHPREFIX", self.dir.0.join("status"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log);
+        let mut c = self.node.command(bin().as_ref());
+        c.args(["felix", "run", "--status-socket"])
+            .arg(self.socket())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("DATASTORE_TYPE", "local")
+            .env("DATASTORE_PATH", self.db())
+            .env("FELIX_FELIXHOSTNAME", NODE)
+            .env("FELIX_HEALTHENABLED", "false")
+            .env("FELIX_LOGSEVERITYSCREEN", "Info")
+            // The machine's own syslog is none of the test's business.
+            .env("FELIX_LOGSEVERITYSYS", "none")
+            .env("MARGAY_DATAPLANE", "linux")
+            .env("MARGAY_MTU_FILE", self.mtu_file())
+            .env("FELIX_ENDPOINTSTATUSPATHPREFIX", self.node.file("status"));
         for (k, v) in extra {
             c.env(k, v);
         }
         c
     }
 
-    /// Starts Felix inside the node namespace (appended to `procs`; returns its index).
-    fn start_felix(&mut self, extra: &[(&str, &str)]) -> usize {
-        let child = self.felix_command(extra).spawn().unwrap();
-        self.procs.0.push(child);
-        self.procs.0.len() - 1
+    /// Starts Felix inside the node namespace as the role `name` (its log `<name>.log`; a
+    /// restarted Felix gets a name of its own, so each log is kept).
+    fn start_felix(&self, name: &str, extra: &[(&str, &str)]) -> Role {
+        self.node.spawn(name, self.felix_command(extra))
     }
 
     fn status(&self) -> Option<Value> {
@@ -173,27 +141,23 @@ impl Env {
         serde_json::from_slice(&out.stdout).ok()
     }
 
-    fn wait_in_sync(&self) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(s) = self.status()
-                && s["dataplane"]["in_sync"] == Value::Bool(true)
-            {
-                return s;
-            }
-            if Instant::now() > deadline {
-                panic!(
-                    "felix did not get its dataplane in sync in 30 s; log:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    /// Waits (30 s at most) until `felix` reports its dataplane in sync; fails with its log
+    /// if it exits first.
+    fn wait_in_sync(&self, felix: &mut Role) -> Value {
+        felix.wait_for(
+            "the dataplane in sync",
+            Duration::from_secs(30),
+            || match self.status() {
+                Some(s) if s["dataplane"]["in_sync"] == Value::Bool(true) => Ok(s),
+                Some(s) => Err(format!("status {}", s["dataplane"])),
+                None => Err("no status".into()),
+            },
+        )
     }
 
     fn sysctl(&self, key: &str) -> String {
         let out = self
-            .node
+            .ns()
             .exec("cat")
             .arg(format!("/proc/sys/{}", key.replace('.', "/")))
             .output()
@@ -204,7 +168,7 @@ impl Env {
     /// The node's nftables ruleset.
     fn ruleset(&self) -> String {
         let out = self
-            .node
+            .ns()
             .exec("nft")
             .args(["list", "ruleset"])
             .output()
@@ -213,7 +177,7 @@ impl Env {
     }
 
     fn node_ip(&self, args: &[&str]) -> String {
-        self.node.ip(args).unwrap()
+        self.ns().ip(args).unwrap()
     }
 
     fn tcp(&self, from: usize, to: &str, port: u16, timeout: &str) -> bool {
@@ -257,14 +221,14 @@ impl Env {
 
     /// What pod db's UDP listener on `port` received.
     fn received(&self, port: u16) -> String {
-        std::fs::read_to_string(self.dir.0.join(format!("udp-{port}"))).unwrap_or_default()
+        std::fs::read_to_string(self.node.file(&format!("udp-{port}.out"))).unwrap_or_default()
     }
 
     /// The translated source (reply destination) conntrack recorded for a TCP connection
     /// from a pod to `dst:9000`.
     fn nat_of(&self, dst: &str) -> Option<(String, u16)> {
         let out = self
-            .node
+            .ns()
             .exec("conntrack")
             .args(["-L", "-p", "tcp", "-d", dst, "--dport", "9000"])
             .output()
@@ -286,31 +250,19 @@ fn pod(node: &Netns, name: &str, ip: &'static str, iface: &str) -> Netns {
     node.add_pod(&format!("fl-{name}"), ip, iface).unwrap()
 }
 
-fn spawn_quiet(ns: &Netns, args: &[&str], out: Option<&Path>) -> Child {
+/// A listener in `ns`, as a role of the node (killed when the test ends): its output in
+/// `<name>.out`.
+fn listener(node: &Node, name: &str, ns: &Netns, args: &[&str]) -> Role {
     let mut c = ns.exec(args[0]);
-    c.args(&args[1..])
-        .stdin(Stdio::null())
-        .stdout(match out {
-            Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
-            None => Stdio::null(),
-        })
-        .stderr(Stdio::null());
-    c.spawn().unwrap()
+    c.args(&args[1..]);
+    node.spawn(name, c)
 }
 
 /// The node, its uplink to the outside, three pods and the datastore. `rp_filter` is the
 /// node's default reverse-path filter, as the host's distribution set it.
 fn setup(rp_filter: &str) -> Env {
-    let dir = std::env::temp_dir().join(format!(
-        "margay-felix-linux-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let node = Netns::new("fl-node").unwrap();
+    let host = Node::in_netns("fl-node").unwrap();
+    let node = host.netns().unwrap();
     let outside = Netns::new("fl-out").unwrap();
     node.sysctl("net.ipv4.conf.default.rp_filter", rp_filter)
         .unwrap();
@@ -333,43 +285,34 @@ fn setup(rp_filter: &str) -> Env {
     outside
         .ip(&["route", "add", "10.99.0.0/16", "via", "192.0.2.1"])
         .unwrap();
-    let web = pod(&node, "web", "10.65.0.1", "caliweb0");
-    let db = pod(&node, "db", "10.65.0.2", "calidb00");
-    let spoof = pod(&node, "spf", "10.65.0.3", "calispf00");
+    let web = pod(node, "web", "10.65.0.1", "caliweb0");
+    let db = pod(node, "db", "10.65.0.2", "calidb00");
+    let spoof = pod(node, "spf", "10.65.0.3", "calispf00");
     spoof.add_addr("eth0", "10.99.0.5/32").unwrap();
-    let mut procs = Procs(Vec::new());
-    for ns in [&web, &db] {
+    let mut listeners = Vec::new();
+    for (name, ns) in [("web", &web), ("db", &db)] {
         for port in ["80", "81", "82"] {
-            procs
-                .0
-                .push(spawn_quiet(ns, &["nc", "-l", "-k", "-p", port], None));
+            let args = ["nc", "-l", "-k", "-p", port];
+            listeners.push(listener(&host, &format!("nc-{name}-{port}"), ns, &args));
         }
     }
-    for port in [4789u16, 5000] {
-        let out = dir.join(format!("udp-{port}"));
-        procs.0.push(spawn_quiet(
-            &db,
-            &["nc", "-u", "-l", "-k", "-p", &port.to_string()],
-            Some(&out),
-        ));
+    for port in ["4789", "5000"] {
+        let args = ["nc", "-u", "-l", "-k", "-p", port];
+        listeners.push(listener(&host, &format!("udp-{port}"), &db, &args));
     }
-    procs.0.push(spawn_quiet(
-        &outside,
-        &["nc", "-l", "-k", "-p", "9000"],
-        None,
-    ));
+    let args = ["nc", "-l", "-k", "-p", "9000"];
+    listeners.push(listener(&host, "nc-outside-9000", &outside, &args));
     let env = Env {
-        dir: TempDir(dir),
-        node,
-        outside,
+        _listeners: listeners,
         pods: vec![(web, "10.65.0.1"), (db, "10.65.0.2"), (spoof, "10.65.0.3")],
-        procs,
+        outside,
+        node: host,
     };
     // Registered as `margay node startup` does (ClusterInformation ready, the Node).
     let out = env
         .margay()
         .args(["node", "startup", "--root"])
-        .arg(env.dir.0.join("root"))
+        .arg(env.node.file("root"))
         .env("NODENAME", NODE)
         .env("IP", "192.0.2.1/24")
         .env("NO_DEFAULT_POOLS", "true")
@@ -479,13 +422,13 @@ fn felix_enforces_datastore_policy_and_survives_a_restart() {
         eprintln!("skipped: needs root (CI runs as root)");
         return;
     }
-    let mut env = setup("2");
+    let env = setup("2");
     // A fresh namespace, like a host nobody prepared: forwarding is off.
     assert_eq!(env.sysctl("net.ipv4.ip_forward"), "0");
     assert_eq!(env.sysctl("net.ipv6.conf.all.forwarding"), "0");
     assert_eq!(env.sysctl("net.ipv4.conf.caliweb0.route_localnet"), "0");
-    let felix = env.start_felix(&[]);
-    let status = env.wait_in_sync();
+    let mut felix = env.start_felix("felix", &[]);
+    let status = env.wait_in_sync(&mut felix);
     assert_eq!(status["dataplane"]["driver"], "linux");
 
     // IPForwarding Enabled (the default): Felix turned forwarding on.
@@ -568,7 +511,7 @@ fn felix_enforces_datastore_policy_and_survives_a_restart() {
     );
 
     // The CNI plugin can wait for these: one status file per programmed endpoint.
-    let status_dir = env.dir.0.join("status/endpoint-status");
+    let status_dir = env.node.file("status/endpoint-status");
     let mut files: Vec<String> = std::fs::read_dir(&status_dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -611,8 +554,7 @@ fn felix_enforces_datastore_policy_and_survives_a_restart() {
     stdin.write_all(b"before\n").unwrap();
     stdin.flush().unwrap();
     std::thread::sleep(Duration::from_millis(300));
-    env.procs.0[felix].kill().unwrap();
-    env.procs.0[felix].wait().unwrap();
+    drop(felix); // killed and reaped
     // Felix is down: the kernel keeps enforcing (nothing was flushed).
     assert!(
         !env.tcp(WEB, "10.65.0.2", 80, "0.5"),
@@ -622,7 +564,7 @@ fn felix_enforces_datastore_policy_and_survives_a_restart() {
         env.tcp(WEB, "10.65.0.2", 81, "1"),
         "allowed traffic must flow while Felix is down"
     );
-    let _second = env.start_felix(&[]);
+    let mut second = env.start_felix("felix-restarted", &[]);
     // New allowed connections keep working throughout the restart.
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(2) {
@@ -631,7 +573,7 @@ fn felix_enforces_datastore_policy_and_survives_a_restart() {
             "an allowed probe failed during the restart"
         );
     }
-    env.wait_in_sync();
+    env.wait_in_sync(&mut second);
     stdin.write_all(b"after\n").unwrap();
     stdin.flush().unwrap();
     std::thread::sleep(Duration::from_millis(200));
@@ -661,31 +603,34 @@ fn felix_acts_on_its_parameters() {
         eprintln!("skipped: needs root (CI runs as root)");
         return;
     }
-    let mut env = setup("1");
+    let env = setup("1");
     // NATOutgoingAddress must be the node's: the outside answers it over the uplink.
-    env.node.add_addr("uplink0", "192.0.2.7/32").unwrap();
+    env.ns().add_addr("uplink0", "192.0.2.7/32").unwrap();
     env.apply("log.yaml", LOG_WEB);
-    env.start_felix(&[
-        ("FELIX_IPTABLESFILTERDENYACTION", "REJECT"),
-        ("FELIX_IPTABLESFILTERALLOWACTION", "RETURN"),
-        ("FELIX_LOGPREFIX", "mgy-%k-%n"),
-        ("FELIX_LOGACTIONRATELIMIT", "5/second"),
-        ("FELIX_LOGACTIONRATELIMITBURST", "7"),
-        ("FELIX_ALLOWVXLANPACKETSFROMWORKLOADS", "true"),
-        ("FELIX_ALLOWIPIPPACKETSFROMWORKLOADS", "true"),
-        ("FELIX_SERVICELOOPPREVENTION", "Disabled"),
-        ("FELIX_DISABLECONNTRACKINVALIDCHECK", "true"),
-        ("FELIX_NATOUTGOINGEXCLUSIONS", "IPPoolsAndHostIPs"),
-        ("FELIX_NATPORTRANGE", "40000:40100"),
-        ("FELIX_NATOUTGOINGADDRESS", "192.0.2.7"),
-        ("FELIX_IPTABLESNATOUTGOINGINTERFACEFILTER", "uplink+"),
-        ("FELIX_DEVICEROUTESOURCEADDRESS", "192.0.2.1"),
-        ("FELIX_EXTERNALNODESCIDRLIST", "203.0.113.0/24"),
-        ("FELIX_INTERFACEREFRESHINTERVAL", "1"),
-        ("FELIX_WORKLOADSOURCESPOOFING", "Any"),
-        ("FELIX_MTUIFACEPATTERN", "^uplink"),
-    ]);
-    let status = env.wait_in_sync();
+    let mut felix = env.start_felix(
+        "felix",
+        &[
+            ("FELIX_IPTABLESFILTERDENYACTION", "REJECT"),
+            ("FELIX_IPTABLESFILTERALLOWACTION", "RETURN"),
+            ("FELIX_LOGPREFIX", "mgy-%k-%n"),
+            ("FELIX_LOGACTIONRATELIMIT", "5/second"),
+            ("FELIX_LOGACTIONRATELIMITBURST", "7"),
+            ("FELIX_ALLOWVXLANPACKETSFROMWORKLOADS", "true"),
+            ("FELIX_ALLOWIPIPPACKETSFROMWORKLOADS", "true"),
+            ("FELIX_SERVICELOOPPREVENTION", "Disabled"),
+            ("FELIX_DISABLECONNTRACKINVALIDCHECK", "true"),
+            ("FELIX_NATOUTGOINGEXCLUSIONS", "IPPoolsAndHostIPs"),
+            ("FELIX_NATPORTRANGE", "40000:40100"),
+            ("FELIX_NATOUTGOINGADDRESS", "192.0.2.7"),
+            ("FELIX_IPTABLESNATOUTGOINGINTERFACEFILTER", "uplink+"),
+            ("FELIX_DEVICEROUTESOURCEADDRESS", "192.0.2.1"),
+            ("FELIX_EXTERNALNODESCIDRLIST", "203.0.113.0/24"),
+            ("FELIX_INTERFACEREFRESHINTERVAL", "1"),
+            ("FELIX_WORKLOADSOURCESPOOFING", "Any"),
+            ("FELIX_MTUIFACEPATTERN", "^uplink"),
+        ],
+    );
+    let status = env.wait_in_sync(&mut felix);
     let rules = env.ruleset();
 
     // WorkloadSourceSpoofing Any: the spoofing endpoint is programmed, its interface has no
@@ -760,7 +705,7 @@ fn felix_acts_on_its_parameters() {
         t.elapsed()
     );
     // InterfaceRefreshInterval 1 s: a workload interface setting changed by hand is put back.
-    env.node
+    env.ns()
         .sysctl("net.ipv4.conf.caliweb0.route_localnet", "0")
         .unwrap();
     let t = Instant::now();
@@ -768,7 +713,7 @@ fn felix_acts_on_its_parameters() {
         assert!(
             t.elapsed() < Duration::from_secs(5),
             "route_localnet was not put back within 5 s; log:\n{}",
-            env.log()
+            felix.log()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -784,16 +729,19 @@ fn felix_leaves_what_it_is_told_to_leave() {
         eprintln!("skipped: needs root (CI runs as root)");
         return;
     }
-    let mut env = setup("0");
+    let env = setup("0");
     let boot_route = env.node_ip(&["route", "show", "10.65.0.1"]);
-    let first = env.start_felix(&[
-        ("FELIX_IPFORWARDING", "Disabled"),
-        ("FELIX_ROUTESYNCDISABLED", "true"),
-        ("FELIX_IPTABLESNATOUTGOINGINTERFACEFILTER", "nomatch+"),
-        ("FELIX_NFTABLESFLOWTABLEOFFLOAD", "All"),
-        ("FELIX_REQUIREMTUFILE", "true"),
-    ]);
-    env.wait_in_sync();
+    let mut first = env.start_felix(
+        "felix",
+        &[
+            ("FELIX_IPFORWARDING", "Disabled"),
+            ("FELIX_ROUTESYNCDISABLED", "true"),
+            ("FELIX_IPTABLESNATOUTGOINGINTERFACEFILTER", "nomatch+"),
+            ("FELIX_NFTABLESFLOWTABLEOFFLOAD", "All"),
+            ("FELIX_REQUIREMTUFILE", "true"),
+        ],
+    );
+    env.wait_in_sync(&mut first);
     // Give a Felix that ignored the settings time to have made them.
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(env.sysctl("net.ipv4.ip_forward"), "0");
@@ -810,7 +758,7 @@ fn felix_leaves_what_it_is_told_to_leave() {
     if rules.contains("flowtable ft") {
         assert!(rules.contains("flow add @ft"), "{rules}");
     } else {
-        let log = env.log();
+        let log = first.log();
         assert!(
             log.contains("does not support nftables flowtables"),
             "offload asked for, the kernel has none, and Felix did not say so:\n{log}"
@@ -819,27 +767,14 @@ fn felix_leaves_what_it_is_told_to_leave() {
     }
 
     // RequireMTUFile: a Felix that cannot write the MTU file stops.
-    env.procs.0[first].kill().unwrap();
-    env.procs.0[first].wait().unwrap();
-    let blocker = env.dir.0.join("not-a-dir");
+    drop(first); // killed and reaped
+    let blocker = env.node.file("not-a-dir");
     std::fs::write(&blocker, "").unwrap();
     let mut c = env.felix_command(&[("FELIX_REQUIREMTUFILE", "true")]);
     c.env("MARGAY_MTU_FILE", blocker.join("mtu"));
-    let mut child = c.spawn().unwrap();
-    let t = Instant::now();
-    let code = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!(
-                "Felix kept running without its MTU file; log:\n{}",
-                env.log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    // wait_exit fails the test, with the log, if Felix keeps running without its MTU file.
+    let mut nomtu = env.node.spawn("felix-no-mtu-file", c);
+    let code = nomtu.wait_exit(Duration::from_secs(20));
     assert!(!code.success());
-    assert!(env.log().contains("RequireMTUFile"), "{}", env.log());
+    assert!(nomtu.log().contains("RequireMTUFile"), "{}", nomtu.log());
 }

@@ -22,14 +22,12 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use lab_common::{Lab, Matrix, bin};
 use margay_testkit::netns::is_root;
-use serde_json::Value;
+
+mod lab_common;
 
 static ONE_LAB_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_margay")
-}
 
 fn can_run() -> bool {
     if !is_root() {
@@ -51,58 +49,12 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// A lab for one test, removed on drop.
-struct Lab {
-    name: String,
-    dir: PathBuf,
-}
-
 impl Lab {
-    fn new(tag: &str) -> Lab {
-        let name = format!("{tag}{}", std::process::id() % 10_000);
-        let dir = std::env::temp_dir().join(format!("margay-lab-{name}"));
-        Lab { name, dir }
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(bin());
-        c.arg("lab")
-            .arg(args[0])
-            .args(["--name", &self.name, "--state-dir"])
-            .arg(&self.dir)
-            .args(&args[1..])
-            .stdin(Stdio::null());
-        c
-    }
-
-    /// `lab up`; returns its output and how long it took.
-    fn up(&self, extra: &[&str]) -> (String, Duration) {
-        let mut args = vec!["up", "--backend", "bird", "--nodes", "3"];
+    /// `lab up` with BIRD on 3 nodes; returns its output and how long it took.
+    fn up_bird(&self, extra: &[&str]) -> (String, Duration) {
+        let mut args = vec!["--backend", "bird", "--nodes", "3"];
         args.extend_from_slice(extra);
-        let started = Instant::now();
-        let out = self.cmd(&args).output().unwrap();
-        let took = started.elapsed();
-        assert!(out.status.success(), "lab up: {}", text(&out));
-        (text(&out), took)
-    }
-
-    fn ctl(&self, args: &[&str]) -> String {
-        let out = Command::new(bin())
-            .args(["lab", "ctl", "--name", &self.name, "--state-dir"])
-            .arg(&self.dir)
-            .arg("--")
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "ctl {args:?}: {}", text(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn apply(&self, yaml: &str) {
-        let f = self.dir.join("test.yaml");
-        std::fs::write(&f, yaml).unwrap();
-        self.ctl(&["apply", "-f", f.to_str().unwrap()]);
+        self.build(&args)
     }
 
     fn netns(&self, node: &str) -> String {
@@ -131,18 +83,8 @@ impl Lab {
             .collect()
     }
 
-    fn status(&self) -> Value {
-        let out = self.cmd(&["status", "--json"]).output().unwrap();
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    fn matrix(&self) -> BTreeMap<String, BTreeMap<String, bool>> {
-        let out = self
-            .cmd(&["matrix", "--timeout-ms", "500", "-o", "json"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", text(&out));
-        serde_json::from_slice(&out.stdout).unwrap()
+    fn bgp_matrix(&self) -> Matrix {
+        self.matrix_with(&["--timeout-ms", "500"])
     }
 
     /// Every pod reaches every other pod (no policy in these labs), within `limit`.
@@ -150,7 +92,7 @@ impl Lab {
         let deadline = Instant::now() + limit;
         loop {
             let blocked: Vec<String> = self
-                .matrix()
+                .bgp_matrix()
                 .iter()
                 .flat_map(|(a, row)| {
                     row.iter()
@@ -265,12 +207,6 @@ impl Lab {
     }
 }
 
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["down"]).output();
-    }
-}
-
 fn all_established(s: &[(String, String, String)], per_node: usize) -> bool {
     ["node1", "node2", "node3"].iter().all(|n| {
         let mine: Vec<_> = s.iter().filter(|(node, _, _)| node == n).collect();
@@ -285,7 +221,7 @@ fn mesh_peer_changes_address_mismatch_and_tor() {
     }
     let _one = ONE_LAB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let lab = Lab::new("bgp");
-    let (up, up_took) = lab.up(&["--tor"]);
+    let (up, up_took) = lab.up_bird(&["--tor"]);
 
     // (1) The mesh: established (lab up waits for it and reports when), bounded.
     let line = up
@@ -368,7 +304,7 @@ fn mesh_peer_changes_address_mismatch_and_tor() {
 
     // (5) A BGPPeer change reaches BIRD within a second.
     let before = Instant::now();
-    lab.apply(
+    lab.apply_raw(
         "apiVersion: projectcalico.org/v3\nkind: BGPPeer\nmetadata: {name: extra}\nspec: {node: node1, peerIP: 172.30.0.250, asNumber: 65001}\n",
     );
     let applied = Instant::now();
@@ -399,7 +335,7 @@ fn mesh_peer_changes_address_mismatch_and_tor() {
             .collect::<Vec<_>>()
             .join("\n")
     };
-    lab.apply(&strip(&node3).replace("172.30.0.13/24", "172.30.0.99/24"));
+    lab.apply_raw(&strip(&node3).replace("172.30.0.13/24", "172.30.0.99/24"));
     let deadline = Instant::now() + Duration::from_secs(20);
     let msg = loop {
         let h = lab.health("node3", &["--bird-ready", "--threshold-time", "0s"]);
@@ -424,7 +360,7 @@ fn mesh_peer_changes_address_mismatch_and_tor() {
         "{msg}"
     );
     // Put it right: the mesh comes back.
-    lab.apply(&strip(&node3));
+    lab.apply_raw(&strip(&node3));
     lab.wait_sessions("mesh back after the fix", Duration::from_secs(30), |s| {
         all_established(s, 3)
     });
@@ -506,7 +442,7 @@ fn mesh_off_and_a_route_reflector_keep_traffic_flowing() {
     }
     let _one = ONE_LAB_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let lab = Lab::new("bgprr");
-    lab.up(&[]);
+    lab.up_bird(&[]);
     lab.wait_full_matrix(Duration::from_secs(20));
 
     // node1 becomes the route reflector; everyone peers with it; the mesh goes.
@@ -524,12 +460,12 @@ fn mesh_off_and_a_route_reflector_keep_traffic_flowing() {
         .collect::<Vec<_>>()
         .join("\n");
     assert!(node1.contains("routeReflectorClusterID"), "{node1}");
-    lab.apply(&node1);
+    lab.apply_raw(&node1);
     lab.ctl(&["label", "nodes", "node1", "route-reflector=true"]);
-    lab.apply(
+    lab.apply_raw(
         "apiVersion: projectcalico.org/v3\nkind: BGPPeer\nmetadata: {name: peer-with-rr}\nspec:\n  nodeSelector: all()\n  peerSelector: route-reflector == 'true'\n",
     );
-    lab.apply(
+    lab.apply_raw(
         "apiVersion: projectcalico.org/v3\nkind: BGPConfiguration\nmetadata: {name: default}\nspec: {nodeToNodeMeshEnabled: false}\n",
     );
     let took = lab.wait_sessions("route-reflector sessions", Duration::from_secs(30), |s| {

@@ -3,93 +3,15 @@
 //! Root only; every lab is removed even when a test fails.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lab_common::{Lab, Matrix, bin};
 use margay_testkit::netns::is_root;
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_margay")
-}
-
-struct Lab {
-    name: String,
-    dir: PathBuf,
-}
-
-type Matrix = BTreeMap<String, BTreeMap<String, bool>>;
+mod lab_common;
 
 impl Lab {
-    fn new(tag: &str) -> Lab {
-        let name = format!("{tag}{}", std::process::id() % 10_000);
-        let dir = std::env::temp_dir().join(format!("margay-lab-{name}"));
-        Lab { name, dir }
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(bin());
-        c.arg("lab")
-            .arg(args[0])
-            .args(["--name", &self.name, "--state-dir"])
-            .arg(&self.dir)
-            .args(&args[1..])
-            .stdin(Stdio::null());
-        c
-    }
-
-    fn up(&self, extra: &[&str]) {
-        let mut args = vec!["up"];
-        args.extend_from_slice(extra);
-        let out = self.cmd(&args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "lab up: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn apply(&self, yaml: &str) {
-        let f = self.dir.join("policy.yaml");
-        std::fs::write(&f, yaml).unwrap();
-        let out = Command::new(bin())
-            .args(["lab", "ctl", "--name", &self.name, "--state-dir"])
-            .arg(&self.dir)
-            .args(["--", "apply", "-f"])
-            .arg(&f)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn matrix(&self) -> Matrix {
-        let out = self
-            .cmd(&[
-                "matrix",
-                "--port",
-                "80",
-                "--timeout-ms",
-                "400",
-                "-o",
-                "json",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
     /// Processes whose command line names this lab's directory.
     fn processes(&self) -> Vec<(u32, String)> {
         let needle = self.dir.display().to_string();
@@ -117,12 +39,6 @@ impl Lab {
             .filter(|n| n.starts_with(&format!("mgy-{}-", self.name)))
             .map(str::to_string)
             .collect()
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["down"]).output();
     }
 }
 
@@ -154,7 +70,10 @@ fn wrong(m: &Matrix, expect: fn(&str, &str) -> bool) -> Vec<String> {
 fn wait_matrix(lab: &Lab, expect: fn(&str, &str) -> bool, limit: Duration) {
     let t = Instant::now();
     loop {
-        let w = wrong(&lab.matrix(), expect);
+        let w = wrong(
+            &lab.matrix_with(&["--port", "80", "--timeout-ms", "400"]),
+            expect,
+        );
         if w.is_empty() {
             return;
         }
@@ -172,8 +91,8 @@ fn felix_restart_under_continuous_probing() {
         return;
     }
     let lab = Lab::new("fr");
-    lab.up(&[]);
-    lab.apply(Y_FROM_X);
+    lab.build(&[]);
+    lab.apply_raw(Y_FROM_X);
     wait_matrix(&lab, expected_y_from_x, Duration::from_secs(10));
     // Kill Felix on node1 (its supervisor restarts it) and keep probing meanwhile.
     let felix: Vec<u32> = lab
@@ -193,7 +112,10 @@ fn felix_restart_under_continuous_probing() {
     let t = Instant::now();
     let mut rounds = 0;
     while t.elapsed() < Duration::from_secs(6) {
-        let w = wrong(&lab.matrix(), expected_y_from_x);
+        let w = wrong(
+            &lab.matrix_with(&["--port", "80", "--timeout-ms", "400"]),
+            expected_y_from_x,
+        );
         assert!(w.is_empty(), "during the restart: {w:?}");
         rounds += 1;
     }
@@ -215,8 +137,8 @@ fn etcd_killed_and_restarted() {
         return;
     }
     let lab = Lab::new("ed");
-    lab.up(&["--datastore", "etcd"]);
-    lab.apply(Y_FROM_X);
+    lab.build(&["--datastore", "etcd"]);
+    lab.apply_raw(Y_FROM_X);
     wait_matrix(&lab, expected_y_from_x, Duration::from_secs(10));
     let etcd: Vec<u32> = lab
         .processes()
@@ -230,7 +152,10 @@ fn etcd_killed_and_restarted() {
         .status()
         .unwrap();
     // Enforcement does not depend on the datastore.
-    let w = wrong(&lab.matrix(), expected_y_from_x);
+    let w = wrong(
+        &lab.matrix_with(&["--port", "80", "--timeout-ms", "400"]),
+        expected_y_from_x,
+    );
     assert!(w.is_empty(), "with etcd down: {w:?}");
     // Its supervisor restarts it; a change made afterwards is applied.
     let t = Instant::now();

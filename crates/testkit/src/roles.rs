@@ -9,6 +9,9 @@
 //!   When the test fails (the node is dropped while panicking) the directory is kept and its
 //!   path printed, so the logs survive for a look.
 //! - [`wait_until`] and [`http_get`]: the loop and the probe every readiness wait is made of.
+//! - [`run_within`], [`run_with_input`], [`spawn_with_input`] and [`output_within`]: a
+//!   command run to its end (with input on its stdin), bounded, output captured (read while it
+//!   runs).
 //!
 //! ```no_run
 //! # use std::process::Command;
@@ -25,7 +28,8 @@
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::netns::Netns;
@@ -59,16 +63,101 @@ pub fn wait_until<T>(what: &str, within: Duration, mut f: impl FnMut() -> Result
     }
 }
 
+/// How long the output of a finished command may take to reach EOF (a grandchild that kept
+/// the pipe open must not hang the test).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(10);
+
+/// Reads `r` to its end on a thread; the receiver gets everything read.
+fn drain<R: Read + Send + 'static>(r: Option<R>) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    if let Some(mut r) = r {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            let _ = tx.send(v);
+        });
+    }
+    rx
+}
+
+/// Waits for `child` (its stdout and stderr piped, or not) at most `within`, reading its
+/// output meanwhile (so a chatty child never blocks on a full pipe). A child still running
+/// then is killed and fails the test with `what` and its stderr so far.
+pub fn output_within(what: &str, mut child: Child, within: Duration) -> Output {
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let deadline = Instant::now() + within;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) => {}
+            Err(e) => panic!("{what}: cannot wait for it: {e}"),
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = err.recv_timeout(Duration::from_secs(1)).unwrap_or_default();
+            panic!(
+                "{what} took longer than {within:?}; stderr:\n{}",
+                String::from_utf8_lossy(&stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    Output {
+        status,
+        stdout: out.recv_timeout(DRAIN_AFTER_EXIT).unwrap_or_default(),
+        stderr: err.recv_timeout(DRAIN_AFTER_EXIT).unwrap_or_default(),
+    }
+}
+
+/// Runs `cmd` to its end (stdin closed, output captured), at most `within` (see
+/// [`output_within`]).
+pub fn run_within(mut cmd: Command, within: Duration) -> Output {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let what = format!("{cmd:?}");
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    output_within(&what, child, within)
+}
+
+/// Starts `cmd` with `input` on its stdin (written from a thread, then closed) and its
+/// stdout and stderr piped, for [`output_within`]: how a CNI runtime runs a plugin.
+pub fn spawn_with_input(mut cmd: Command, input: &[u8]) -> Child {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = input.to_vec();
+        // A child that exits without reading its input is not this helper's failure.
+        std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+    }
+    child
+}
+
+/// Runs `cmd` with `input` on its stdin to its end, at most `within` (see
+/// [`spawn_with_input`], [`output_within`]).
+pub fn run_with_input(cmd: Command, input: &[u8], within: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    output_within(&what, spawn_with_input(cmd, input), within)
+}
+
 /// One `GET path` on 127.0.0.1:`port` (5 s at most, 1 MiB at most): the status code and the
 /// body; None when nothing answers or the answer is not HTTP.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    // One write: a server that reads one segment and closes must see the whole request.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).ok()?;
     let mut raw = String::new();
     let _ = s.take(MAX_ANSWER).read_to_string(&mut raw);
     let code = raw.split_whitespace().nth(1)?.parse().ok()?;
@@ -442,8 +531,15 @@ mod tests {
         let port = l.local_addr().unwrap().port();
         let server = std::thread::spawn(move || {
             let (mut s, _) = l.accept().unwrap();
+            // The whole request first: closing with unread bytes would reset the connection
+            // and lose the answer.
+            let mut req = Vec::new();
             let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf).unwrap();
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "the request ended early");
+                req.extend_from_slice(&buf[..n]);
+            }
             s.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\nno")
                 .unwrap();
         });

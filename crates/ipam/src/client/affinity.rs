@@ -57,20 +57,14 @@ impl<B: KvBackend + Clone> Ipam<B> {
                     }
                 }
             };
-            match self.kv.txn(compares, ops).await {
-                Ok(resp) => {
-                    self.hints().remember(&resp);
-                    tracing::info!(%cidr, host, ?outcome, "released IPAM block affinity");
-                    return Ok(outcome);
-                }
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(e.into()),
+            if self.commit(compares, ops).await? {
+                tracing::info!(%cidr, host, ?outcome, "released IPAM block affinity");
+                return Ok(outcome);
             }
         }
-        Err(IpamError::TooManyRetries {
-            what: format!("releasing the affinity of {host} for block {cidr}"),
-            attempts: MAX_RETRIES,
-        })
+        Err(too_many_retries(format!(
+            "releasing the affinity of {host} for block {cidr}"
+        )))
     }
 
     /// Releases every affinity of `host` (Calico's ReleaseHostAffinities), each as

@@ -352,19 +352,11 @@ impl<B: KvBackend + Clone> Ipam<B> {
             }
             let mut txn = BlockTxn::new(&key, kv.mod_revision, &block);
             txn.handle(&hkey, handle_kv.as_ref(), cidr, taken.len() as i64)?;
-            match self.kv.txn(txn.compares, txn.ops).await {
-                Ok(resp) => {
-                    self.hints().remember(&resp);
-                    return Ok(taken);
-                }
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(e.into()),
+            if self.commit(txn.compares, txn.ops).await? {
+                return Ok(taken);
             }
         }
-        Err(IpamError::TooManyRetries {
-            what: format!("assigning from block {cidr}"),
-            attempts: MAX_RETRIES,
-        })
+        Err(too_many_retries(format!("assigning from block {cidr}")))
     }
 
     /// Claims an unowned block for `host`: pending affinity, block create, confirm. Returns
@@ -465,18 +457,10 @@ impl<B: KvBackend + Clone> Ipam<B> {
             }
             let mut txn = BlockTxn::new(&key, kv.mod_revision, &block);
             txn.handle(&hkey, handle_kv.as_ref(), &cidr, 1)?;
-            match self.kv.txn(txn.compares, txn.ops).await {
-                Ok(resp) => {
-                    self.hints().remember(&resp);
-                    return Ok(AssignedIp { ip, block: cidr });
-                }
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(e.into()),
+            if self.commit(txn.compares, txn.ops).await? {
+                return Ok(AssignedIp { ip, block: cidr });
             }
         }
-        Err(IpamError::TooManyRetries {
-            what: format!("assigning {ip}"),
-            attempts: MAX_RETRIES,
-        })
+        Err(too_many_retries(format!("assigning {ip}")))
     }
 }

@@ -120,19 +120,11 @@ impl<B: KvBackend + Clone> Ipam<B> {
                 let current = next_get(&mut r)?;
                 txn.handle(hkey, current.as_ref(), cidr, -n)?;
             }
-            match self.kv.txn(txn.compares, txn.ops).await {
-                Ok(resp) => {
-                    self.hints().remember(&resp);
-                    return Ok(released);
-                }
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(e.into()),
+            if self.commit(txn.compares, txn.ops).await? {
+                return Ok(released);
             }
         }
-        Err(IpamError::TooManyRetries {
-            what: format!("releasing from block {cidr}"),
-            attempts: MAX_RETRIES,
-        })
+        Err(too_many_retries(format!("releasing from block {cidr}")))
     }
 
     /// Releases every address held by `handle`. A handle that does not exist releases
@@ -207,19 +199,11 @@ impl<B: KvBackend + Clone> Ipam<B> {
                 released.extend(ips);
             }
             ops.push(TxnOp::delete(&hkey));
-            match self.kv.txn(compares, ops).await {
-                Ok(resp) => {
-                    self.hints().remember(&resp);
-                    return Ok(released);
-                }
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(e.into()),
+            if self.commit(compares, ops).await? {
+                return Ok(released);
             }
         }
-        Err(IpamError::TooManyRetries {
-            what: format!("releasing handle {handle}"),
-            attempts: MAX_RETRIES,
-        })
+        Err(too_many_retries(format!("releasing handle {handle}")))
     }
 
     /// The handle record and every block it names, as this process last wrote them, if it

@@ -57,14 +57,7 @@ pub(crate) fn wire_pod(
             );
         }
     }
-    net::spawn_supervised(
-        &exe,
-        &pods_dir.join(format!("{base}.pid")),
-        &pods_dir.join(format!("{base}.log")),
-        true,
-        &[],
-        &argv,
-    )?;
+    supervise(&exe, &pods_dir, &base, true, &[], &argv)?;
     if let Some(api) = api {
         api.patch_status(
             &crate::kube::PODS,

@@ -3,6 +3,50 @@
 
 use super::*;
 
+/// Starts `argv` under the lab's supervision (roles, pods' servers), with its pid file and log `<dir>/<name>.pid` and
+/// `<dir>/<name>.log`; `restart`: started again whenever it exits.
+pub(super) fn supervise(
+    exe: &Path,
+    dir: &Path,
+    name: &str,
+    restart: bool,
+    env: &[(String, String)],
+    argv: &[String],
+) -> Result<(), LabError> {
+    net::spawn_supervised(
+        exe,
+        &dir.join(format!("{name}.pid")),
+        &dir.join(format!("{name}.log")),
+        restart,
+        env,
+        argv,
+    )
+}
+
+/// Starts the margay role `margay ARGS` in namespace `netns`, supervised and restarted, with
+/// the datastore's environment plus `env` (PATH included: roles run `ip`, `nft`, BIRD's
+/// client); pid file and log `<dir>/<name>.pid|.log`.
+fn spawn_role(
+    st: &LabState,
+    exe: &Path,
+    netns: &str,
+    dir: &Path,
+    name: &str,
+    env: Vec<(String, String)>,
+    args: Vec<String>,
+) -> Result<(), LabError> {
+    let mut all = st.datastore_env();
+    all.extend(env);
+    all.push(("PATH".into(), std::env::var("PATH").unwrap_or_default()));
+    let argv: Vec<String> = ["ip", "netns", "exec", netns]
+        .into_iter()
+        .map(String::from)
+        .chain(std::iter::once(exe.display().to_string()))
+        .chain(args)
+        .collect();
+    supervise(exe, dir, name, true, &all, &argv)
+}
+
 /// The lab's etcd, in the fabric namespace; returns once it answers.
 pub(super) fn start_etcd(st: &LabState, exe: &Path) -> Result<(), LabError> {
     let fabric = st.fabric_netns();
@@ -35,14 +79,7 @@ pub(super) fn start_etcd(st: &LabState, exe: &Path) -> Result<(), LabError> {
         "lab=http://127.0.0.1:2380".into(),
     ])
     .collect();
-    net::spawn_supervised(
-        exe,
-        &dir.join("etcd.pid"),
-        &dir.join("etcd.log"),
-        true,
-        &[],
-        &argv,
-    )?;
+    supervise(exe, &dir, "etcd", true, &[], &argv)?;
     wait_datastore(st, "etcd did not come up within 30 s (see etcd/etcd.log)")
 }
 
@@ -82,14 +119,7 @@ pub(super) fn start_apiserver(st: &LabState, exe: &Path) -> Result<crate::kube::
         namespaces.join(","),
     ];
     // Not restarted: the server keeps its objects in memory, a new one would be empty.
-    net::spawn_supervised(
-        exe,
-        &dir.join("apiserver.pid"),
-        &dir.join("apiserver.log"),
-        false,
-        &[],
-        &argv,
-    )?;
+    supervise(exe, &dir, "apiserver", false, &[], &argv)?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !st.kubeconfig().exists() {
         if Instant::now() > deadline {
@@ -124,28 +154,18 @@ pub(crate) fn ensure_namespace(
 pub(super) fn start_kube_controllers(st: &LabState, exe: &Path) -> Result<(), LabError> {
     let dir = st.dir.join("kube-controllers");
     std::fs::create_dir_all(&dir).map_err(|e| other(format!("{}: {e}", dir.display())))?;
-    let mut env = st.datastore_env();
-    env.extend([
-        ("LOG_LEVEL".to_string(), "info".to_string()),
-        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-    ]);
-    let argv = vec![
-        "ip".to_string(),
-        "netns".into(),
-        "exec".into(),
-        st.fabric_netns(),
-        exe.display().to_string(),
-        "kube-controllers".into(),
-        "--status-file".into(),
-        dir.join("status.json").display().to_string(),
-    ];
-    net::spawn_supervised(
+    spawn_role(
+        st,
         exe,
-        &dir.join("kube-controllers.pid"),
-        &dir.join("kube-controllers.log"),
-        true,
-        &env,
-        &argv,
+        &st.fabric_netns(),
+        &dir,
+        "kube-controllers",
+        vec![("LOG_LEVEL".into(), "info".into())],
+        vec![
+            "kube-controllers".into(),
+            "--status-file".into(),
+            dir.join("status.json").display().to_string(),
+        ],
     )
 }
 
@@ -213,8 +233,7 @@ pub(crate) fn start_felix(
     exe: &Path,
 ) -> Result<(), LabError> {
     let dir = st.node_dir(&node.name);
-    let mut env = st.datastore_env();
-    env.extend([
+    let env = vec![
         ("FELIX_FELIXHOSTNAME".to_string(), node.name.clone()),
         ("FELIX_HEALTHENABLED".into(), "true".into()),
         ("FELIX_LOGSEVERITYSCREEN".into(), "Info".into()),
@@ -230,27 +249,14 @@ pub(crate) fn start_felix(
             "MARGAY_MTU_FILE".into(),
             dir.join("mtu").display().to_string(),
         ),
-        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-    ]);
-    let argv = vec![
-        "ip".to_string(),
-        "netns".into(),
-        "exec".into(),
-        node.netns.clone(),
-        exe.display().to_string(),
+    ];
+    let args = vec![
         "felix".into(),
         "run".into(),
         "--status-socket".into(),
         dir.join("felix.sock").display().to_string(),
     ];
-    net::spawn_supervised(
-        exe,
-        &dir.join("felix.pid"),
-        &dir.join("felix.log"),
-        true,
-        &env,
-        &argv,
-    )
+    spawn_role(st, exe, &node.netns, &dir, "felix", env, args)
 }
 
 /// Kubernetes lab: `margay node network-condition` on a node (supervised), which clears the
@@ -262,8 +268,7 @@ pub(crate) fn start_network_condition(
 ) -> Result<(), LabError> {
     let dir = st.node_dir(&node.name);
     let bird = st.backend == "bird";
-    let mut env = st.datastore_env();
-    env.extend([
+    let env = vec![
         ("NODENAME".to_string(), node.name.clone()),
         (
             "CALICO_NETWORKING_BACKEND".into(),
@@ -271,33 +276,20 @@ pub(crate) fn start_network_condition(
         ),
         ("FELIX_HEALTHENABLED".into(), "true".into()),
         ("MARGAY_LOG_LEVEL".into(), "info".into()),
-        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-    ]);
-    let mut argv = vec![
-        "ip".to_string(),
-        "netns".into(),
-        "exec".into(),
-        node.netns.clone(),
-        exe.display().to_string(),
+    ];
+    let mut args = vec![
         "node".into(),
         "network-condition".into(),
         "--root".into(),
         dir.join("root").display().to_string(),
     ];
     if bird {
-        argv.extend([
+        args.extend([
             "--bird-socket".into(),
             st.bird_socket(&node.name).display().to_string(),
         ]);
     }
-    net::spawn_supervised(
-        exe,
-        &dir.join("network-condition.pid"),
-        &dir.join("network-condition.log"),
-        true,
-        &env,
-        &argv,
-    )
+    spawn_role(st, exe, &node.netns, &dir, "network-condition", env, args)
 }
 
 /// The ToR's BIRD (BGP backend with --tor) and the BGPPeer that makes every node peer with it.
@@ -312,14 +304,7 @@ pub(super) fn start_tor(
     let cfg = dir.join("bird.cfg");
     std::fs::write(&cfg, crate::bgp::tor_config(tor, &st.nodes))
         .map_err(|e| other(format!("{}: {e}", cfg.display())))?;
-    net::spawn_supervised(
-        exe,
-        &dir.join("bird.pid"),
-        &dir.join("bird.log"),
-        true,
-        &[],
-        &bird_argv(&tor.netns, &dir),
-    )
+    supervise(exe, &dir, "bird", true, &[], &bird_argv(&tor.netns, &dir))
 }
 
 /// BGP backend: `margay confd` on a node (supervised).
@@ -332,17 +317,8 @@ pub(crate) fn start_confd(
     let confd_dir = dir.join("confd");
     std::fs::create_dir_all(&confd_dir)
         .map_err(|e| other(format!("{}: {e}", confd_dir.display())))?;
-    let mut env = st.datastore_env();
-    env.extend([
-        ("NODENAME".to_string(), node.name.clone()),
-        ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
-    ]);
-    let argv: Vec<String> = vec![
-        "ip".into(),
-        "netns".into(),
-        "exec".into(),
-        node.netns.clone(),
-        exe.display().to_string(),
+    let env = vec![("NODENAME".to_string(), node.name.clone())];
+    let args = vec![
         "confd".into(),
         "--nodename".into(),
         node.name.clone(),
@@ -353,14 +329,7 @@ pub(crate) fn start_confd(
         "--bird6-socket".into(),
         dir.join("bird6.ctl").display().to_string(),
     ];
-    net::spawn_supervised(
-        exe,
-        &dir.join("confd.pid"),
-        &dir.join("confd.log"),
-        true,
-        &env,
-        &argv,
-    )
+    spawn_role(st, exe, &node.netns, &dir, "confd", env, args)
 }
 
 /// BGP backend: BIRD on a node (supervised, in the node's namespace, foreground), once confd
@@ -384,12 +353,5 @@ pub(crate) fn start_bird(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    net::spawn_supervised(
-        exe,
-        &dir.join("bird.pid"),
-        &dir.join("bird.log"),
-        true,
-        &[],
-        &bird_argv(&node.netns, &dir),
-    )
+    supervise(exe, &dir, "bird", true, &[], &bird_argv(&node.netns, &dir))
 }

@@ -1,5 +1,6 @@
-//! Shared by the lab's end-to-end suites (`lab_e2e.rs`, `lab_kube.rs`): a lab per test,
-//! removed on drop (pass or fail), its commands, and the policy scenarios with the
+//! Shared by the lab's end-to-end suites (`lab_e2e.rs`, `lab_kube.rs`, `lab_bgp.rs`,
+//! `lab_reliability.rs`): a lab per test, removed on drop (pass or fail), its commands (a suite
+//! adds its own in an `impl Lab` of its own), and the policy scenarios with the
 //! reachability each expects. Scenario YAML is read by margay ctl (YAML 1.2) and by kubectl
 //! (YAML 1.1, where a bare `y` is a boolean): namespace `y` is always quoted.
 #![allow(dead_code, clippy::unwrap_used)]
@@ -15,6 +16,9 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_margay")
 }
 
+/// `lab matrix`'s answer: from pod → to pod → reached.
+pub type Matrix = BTreeMap<String, BTreeMap<String, bool>>;
+
 /// A lab for this test, removed on drop.
 pub struct Lab {
     pub name: String,
@@ -26,22 +30,36 @@ impl Lab {
         Lab::up_with("e", &[])
     }
 
-    /// `lab up ARGS` for a lab named `<tag><pid>` (tags tell a binary's labs apart).
-    pub fn up_with(tag: &str, args: &[&str]) -> Lab {
+    /// A lab named `<tag><pid>` (tags tell a binary's labs apart; at most 5 letters), not
+    /// built yet ([`Lab::build`]); removed on drop all the same.
+    pub fn new(tag: &str) -> Lab {
         let name = format!("{tag}{}", std::process::id() % 100_000);
         let dir = std::env::temp_dir().join(format!("margay-lab-{name}"));
-        let lab = Lab { name, dir };
+        Lab { name, dir }
+    }
+
+    /// `lab up ARGS` for a lab named `<tag><pid>`.
+    pub fn up_with(tag: &str, args: &[&str]) -> Lab {
+        let lab = Lab::new(tag);
+        let (out, _) = lab.build(args);
+        eprintln!("{out}");
+        lab
+    }
+
+    /// `lab up ARGS`, which must succeed: its output and how long it took.
+    pub fn build(&self, args: &[&str]) -> (String, Duration) {
         let mut up = vec!["up"];
         up.extend_from_slice(args);
-        let out = lab.cmd(&up).output().unwrap();
-        assert!(
-            out.status.success(),
-            "lab up failed:\n{}\n{}",
+        let started = Instant::now();
+        let out = self.cmd(&up).output().unwrap();
+        let took = started.elapsed();
+        let text = format!(
+            "{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        eprintln!("{}", String::from_utf8_lossy(&out.stdout));
-        lab
+        assert!(out.status.success(), "lab up failed:\n{text}");
+        (text, took)
     }
 
     /// A lab command that must succeed; its stdout.
@@ -115,11 +133,22 @@ impl Lab {
         out
     }
 
+    /// Applies `yaml` after [`Lab::expand`].
     pub fn apply(&self, yaml: &str) {
-        let yaml = self.expand(yaml);
+        self.apply_raw(&self.expand(yaml));
+    }
+
+    /// Applies `yaml` as it is.
+    pub fn apply_raw(&self, yaml: &str) {
         let f = self.dir.join("scenario.yaml");
         std::fs::write(&f, yaml).unwrap();
         self.ctl(&["apply", "-f", f.to_str().unwrap()]);
+    }
+
+    /// `lab status --json`.
+    pub fn status(&self) -> Value {
+        let out = self.cmd(&["status", "--json"]).output().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
     }
 
     pub fn delete(&self, yaml: &str) {
@@ -145,21 +174,24 @@ impl Lab {
             .collect()
     }
 
-    pub fn matrix(&self, port: u16, protocol: &str) -> BTreeMap<String, BTreeMap<String, bool>> {
-        let out = self
-            .cmd(&[
-                "matrix",
-                "--port",
-                &port.to_string(),
-                "--protocol",
-                protocol,
-                "--timeout-ms",
-                "400",
-                "-o",
-                "json",
-            ])
-            .output()
-            .unwrap();
+    pub fn matrix(&self, port: u16, protocol: &str) -> Matrix {
+        let port = port.to_string();
+        self.matrix_with(&[
+            "--port",
+            &port,
+            "--protocol",
+            protocol,
+            "--timeout-ms",
+            "400",
+        ])
+    }
+
+    /// `lab matrix ARGS -o json`: who reaches whom.
+    pub fn matrix_with(&self, args: &[&str]) -> Matrix {
+        let mut all = vec!["matrix"];
+        all.extend_from_slice(args);
+        all.extend(["-o", "json"]);
+        let out = self.cmd(&all).output().unwrap();
         assert!(
             out.status.success(),
             "{}",

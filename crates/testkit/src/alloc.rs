@@ -1,6 +1,11 @@
-//! A global allocator that counts what the current thread holds, so the engine can report an
-//! input that made a parser allocate far more than its size (a memory bound broken).
-// A GlobalAlloc impl is necessarily unsafe; this module is the only unsafe code in the crate.
+//! A global allocator that counts what the *current thread* holds, so a test or the fuzz
+//! engine can check that a parser fed hostile input stays within a memory bound.
+//!
+//! Per thread, so other threads (other tests in the same harness) do not count. Install it in
+//! the binary or test that measures:
+//! `#[global_allocator] static A: margay_testkit::alloc::Counting = margay_testkit::alloc::Counting;`
+//! then bracket the work with [`reset_peak`] and [`peak_since`].
+// A GlobalAlloc impl is necessarily unsafe; this module is testkit's only unsafe code.
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -20,7 +25,7 @@ fn charge(delta: isize) {
     });
 }
 
-/// Install with `#[global_allocator] static A: margay_fuzz::Counting = margay_fuzz::Counting;`.
+/// The counting allocator: forwards to [`System`] and charges the calling thread.
 pub struct Counting;
 
 // SAFETY: every method forwards to `System` with the caller's arguments.
@@ -47,14 +52,15 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
-/// Starts measuring this thread's peak.
-pub(crate) fn reset_peak() -> isize {
+/// Starts measuring this thread's peak; returns what the thread holds now (the base).
+pub fn reset_peak() -> isize {
     let live = LIVE.with(Cell::get);
     PEAK.with(|p| p.set(live));
     live
 }
 
-/// Bytes held at the peak since [`reset_peak`] returned `base` (0 without [`Counting`]).
-pub(crate) fn peak_since(base: isize) -> usize {
+/// Most bytes this thread held at once since [`reset_peak`] returned `base` (0 when
+/// [`Counting`] is not the global allocator).
+pub fn peak_since(base: isize) -> usize {
     (PEAK.with(Cell::get) - base).max(0) as usize
 }
