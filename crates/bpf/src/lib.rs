@@ -6,7 +6,9 @@
 
 pub mod compile;
 pub mod layout;
+pub mod loader;
 pub mod sim;
+pub mod sync;
 
 /// The policy program object (bpf/policy.c), compiled for the BPF target at build time.
 pub const POLICY_OBJ: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/policy.o"));
