@@ -141,6 +141,8 @@ pub struct Compiled {
     pub sets: BTreeMap<u32, BTreeSet<IpSetEntry>>,
     /// Refused policies and endpoints (their hooks hold no rules: deny).
     pub errors: Vec<CompileError>,
+    /// Endpoints with a refused hook.
+    pub refused_endpoints: BTreeSet<WorkloadEndpointId>,
 }
 
 impl Compiled {
@@ -253,6 +255,7 @@ impl Compiler {
                     Err(e) => {
                         tracing::error!(endpoint = %id, "{e}");
                         out.errors.push(e);
+                        out.refused_endpoints.insert(id.clone());
                     }
                 }
             }

@@ -72,6 +72,7 @@ pub struct SyncReport {
     /// Interfaces whose endpoint exists but the interface not (yet).
     pub missing_interfaces: Vec<String>,
     pub refused: Vec<CompileError>,
+    pub refused_endpoints: BTreeSet<WorkloadEndpointId>,
 }
 
 /// The incremental syncer.
@@ -136,6 +137,7 @@ impl Syncer {
         }
         let compiled = self.compiler.compile(model);
         report.refused = compiled.errors.clone();
+        report.refused_endpoints = compiled.refused_endpoints.clone();
 
         // 1. Add set entries.
         for (id, want) in &compiled.sets {

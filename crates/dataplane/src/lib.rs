@@ -11,6 +11,7 @@
 //! as a pure control plane.
 #![forbid(unsafe_code)]
 
+pub mod bpf_driver;
 pub mod exec;
 pub mod linux;
 pub mod linux_driver;
