@@ -1,0 +1,162 @@
+//! Felix's servers: the health server (moved or stopped as configuration changes), the
+//! Prometheus metrics server, the status socket, and the "Felix is ready" summary.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use margay_felix_config::Config;
+use tokio::sync::watch;
+
+use super::status_api::serve_status;
+use super::{DaemonOptions, RETRY, Shared, StartError, lock};
+use crate::health::HealthAggregator;
+use crate::http::{self, Handler, Response};
+use crate::metrics::Metrics;
+use crate::status::StatusSocket;
+
+/// Starts the health server, moves it, or stops it, as configuration says (Calico's
+/// `ServeHTTP(enabled, host, port)`).
+#[derive(Default)]
+pub(super) struct HealthServer {
+    running: Option<(String, u16, watch::Sender<bool>)>,
+}
+
+impl HealthServer {
+    pub(super) fn ensure(
+        &mut self,
+        enabled: bool,
+        host: &str,
+        port: u16,
+        health: &HealthAggregator,
+    ) {
+        if let Some((h, p, _)) = &self.running {
+            if enabled && h == host && *p == port {
+                return;
+            }
+            tracing::info!("Health server settings changed; stopping the old server");
+            if let Some((_, _, stop)) = self.running.take() {
+                let _ = stop.send(true);
+            }
+        }
+        if !enabled {
+            return;
+        }
+        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let agg = health.clone();
+        let handler: Handler = Arc::new(move |path: &str| match path {
+            "/liveness" | "/readiness" => {
+                let (status, body) = agg.summary().response(path == "/readiness");
+                Response::text(status, body)
+            }
+            _ => Response::text(404, "404 page not found\n"),
+        });
+        let host_s = host.to_string();
+        tokio::spawn(async move {
+            loop {
+                match http::bind(&host_s, port).await {
+                    Ok(l) => {
+                        tracing::info!(host = %host_s, port, "Health enabled. Starting server.");
+                        http::serve(l, handler, stop_rx).await;
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::error!(host = %host_s, port, error = %e, "Health endpoint failed, trying to restart it...");
+                        tokio::select! {
+                            _ = tokio::time::sleep(RETRY) => {}
+                            _ = stop_rx.changed() => return,
+                        }
+                    }
+                }
+            }
+        });
+        self.running = Some((host.to_string(), port, stop_tx));
+    }
+}
+
+/// Starts the metrics server (when enabled), the status socket (when asked for) and the
+/// task that logs the start-up summary once Felix is ready; the sender stops them all.
+pub(super) async fn start(
+    opts: &DaemonOptions,
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    shared: &Arc<Shared>,
+    health: &HealthAggregator,
+) -> Result<(Vec<tokio::task::JoinHandle<()>>, watch::Sender<bool>), StartError> {
+    // Metrics, the status socket, and the start-up summary once ready.
+    let (stop_servers, stop_rx) = watch::channel(false);
+    let mut servers = Vec::new();
+    metrics
+        .process_metrics
+        .store(config.prometheus_process_metrics_enabled, Ordering::Relaxed);
+    if config.prometheus_metrics_enabled {
+        let host = config.prometheus_metrics_host.clone();
+        let port = config.prometheus_metrics_port;
+        let tls = crate::metrics_tls::MetricsTls::from_config(config)
+            .map_err(|e| StartError::Fatal(format!("Prometheus metrics: {e}")))?;
+        if let Some(t) = &tls {
+            // Catch unusable files at start; they are read again per connection.
+            t.server_config()
+                .map_err(|e| StartError::Fatal(format!("Prometheus metrics over TLS: {e}")))?;
+        }
+        match http::bind(&host, port).await {
+            Ok(l) => {
+                tracing::info!(host = %host, port, tls = tls.is_some(), "Prometheus metrics enabled. Starting metrics http server.");
+                let m = metrics.clone();
+                let handler: Handler = Arc::new(move |path: &str| match path {
+                    "/metrics" | "/" => Response {
+                        status: 200,
+                        content_type: "text/plain; version=0.0.4; charset=utf-8",
+                        body: m.render().into_bytes(),
+                    },
+                    _ => Response::text(404, "404 page not found\n"),
+                });
+                servers.push(match tls {
+                    Some(t) => tokio::spawn(http::serve_tls(l, handler, t, stop_rx.clone())),
+                    None => tokio::spawn(http::serve(l, handler, stop_rx.clone())),
+                });
+            }
+            Err(e) => {
+                return Err(StartError::Fatal(format!(
+                    "cannot serve Prometheus metrics on {host:?} port {port}: {e} (free the port or \
+                     set PrometheusMetricsPort / PrometheusMetricsHost)"
+                )));
+            }
+        }
+    }
+    if let Some(path) = &opts.status_socket {
+        let sock = StatusSocket::bind(path).map_err(|e| StartError::Fatal(e.to_string()))?;
+        tracing::info!(path = %path.display(), "Serving the status API (margay felix status)");
+        servers.push(tokio::spawn(serve_status(
+            sock,
+            shared.clone(),
+            stop_rx.clone(),
+        )));
+    }
+    {
+        let shared = shared.clone();
+        let mut ready = health.watch_ready();
+        let mut stop = stop_rx;
+        servers.push(tokio::spawn(async move {
+            loop {
+                if *ready.borrow_and_update() && shared.dp_in_sync.load(Ordering::SeqCst) {
+                    shared.mark("ready");
+                    let b = lock(&shared.bootstrap).clone();
+                    tracing::info!(
+                        "Felix is ready {:.3}s after start: {}",
+                        b.ready_after().unwrap_or_default(),
+                        b.summary_line()
+                    );
+                    return;
+                }
+                tokio::select! {
+                    r = ready.changed() => if r.is_err() { return },
+                    _ = stop.changed() => return,
+                    // Readiness can also follow the dataplane flag alone.
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        }));
+    }
+    Ok((servers, stop_servers))
+}
