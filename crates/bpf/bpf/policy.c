@@ -353,11 +353,16 @@ static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 		}
 	}
 
-	struct eval e = {.p = &p, .slot = ep->slot[hook & 1], .next = 0,
-			 .count = ep->count[hook & 1], .verdict = -1};
-	bpf_loop(MAX_RULES, eval_step, &e, 0);
-	if (e.verdict != TC_ACT_OK)
-		return TC_ACT_SHOT; // denied, or no rule decided: default deny
+	// Traffic the host itself sends to a workload (it never arrived on an interface) is not
+	// judged by the workload's ingress policy, as with the nftables dataplane (no output
+	// hook); it is recorded so the workload's replies pass its egress hook.
+	if (!(hook == HOOK_TO_WL && skb->ingress_ifindex == 0)) {
+		struct eval e = {.p = &p, .slot = ep->slot[hook & 1], .next = 0,
+				 .count = ep->count[hook & 1], .verdict = -1};
+		bpf_loop(MAX_RULES, eval_step, &e, 0);
+		if (e.verdict != TC_ACT_OK)
+			return TC_ACT_SHOT; // denied, or no rule decided: default deny
+	}
 	struct ct_val nv = {.last_seen_ns = now, .created_ns = now};
 	bpf_map_update_elem(&mgy_ct, &fwd, &nv, BPF_ANY);
 	return TC_ACT_OK;

@@ -569,28 +569,16 @@ impl Compiler {
         }
         s.ports = merge_ports(&m.ports);
         s.not_ports = merge_ports(&m.not_ports);
-        too_large(
-            "selectors and networks to match",
-            s.sets.len(),
-            MAX_SETS,
-        )?;
+        too_large("selectors and networks to match", s.sets.len(), MAX_SETS)?;
         too_large(
             "selectors and networks to exclude",
             s.not_sets.len(),
             MAX_SETS,
         )?;
         too_large("named ports to match", s.named.len(), MAX_NAMED)?;
-        too_large(
-            "named ports to exclude",
-            s.not_named.len(),
-            MAX_NAMED,
-        )?;
+        too_large("named ports to exclude", s.not_named.len(), MAX_NAMED)?;
         too_large("port ranges to match", s.ports.len(), MAX_PORTS)?;
-        too_large(
-            "port ranges to exclude",
-            s.not_ports.len(),
-            MAX_PORTS,
-        )?;
+        too_large("port ranges to exclude", s.not_ports.len(), MAX_PORTS)?;
         Ok(Some(s))
     }
 }

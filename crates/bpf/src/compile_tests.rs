@@ -74,7 +74,9 @@ impl M {
                 outbound: vec![rule(RuleAction::Allow)],
             }),
         );
-        model.profiles.insert("none".into(), Arc::new(ResolvedProfile::default()));
+        model
+            .profiles
+            .insert("none".into(), Arc::new(ResolvedProfile::default()));
         M { model }
     }
 
@@ -150,7 +152,12 @@ fn allow_by_port_and_default_deny_at_the_end_of_a_tier() {
     let mut m = M::new();
     let p = pid("default", "web");
     m.policy(p.clone(), vec![tcp_port(RuleAction::Allow, 80)], vec![]);
-    m.endpoint("cali-b", B, vec![tier("default", RuleAction::Deny, &[p], &[])], &["allow-all"]);
+    m.endpoint(
+        "cali-b",
+        B,
+        vec![tier("default", RuleAction::Deny, &[p], &[])],
+        &["allow-all"],
+    );
     let c = m.compile();
     assert!(c.errors.is_empty());
     assert!(to_b(&c, A, 80));
@@ -205,7 +212,12 @@ fn pass_skips_the_rest_of_the_tier_and_tier_default_pass_reaches_profiles() {
     let mut m2 = M::new();
     let pass_all = pid("t1", "pass-all");
     m2.policy(pass_all.clone(), vec![rule(RuleAction::Pass)], vec![]);
-    m2.endpoint("cali-b", B, vec![tier("t1", RuleAction::Pass, &[pass_all], &[])], &["allow-all"]);
+    m2.endpoint(
+        "cali-b",
+        B,
+        vec![tier("t1", RuleAction::Pass, &[pass_all], &[])],
+        &["allow-all"],
+    );
     let c2 = m2.compile();
     assert!(to_b(&c2, A, 9999));
 }
@@ -213,7 +225,10 @@ fn pass_skips_the_rest_of_the_tier_and_tier_default_pass_reaches_profiles() {
 #[test]
 fn selectors_nets_and_negations_use_the_set_trie() {
     let mut m = M::new();
-    m.set("s:frontend", vec![IpSetMember::Net(cidr(&format!("{A}/32")))]);
+    m.set(
+        "s:frontend",
+        vec![IpSetMember::Net(cidr(&format!("{A}/32")))],
+    );
     let p = pid("default", "from-frontend");
     let mut r = tcp_port(RuleAction::Allow, 80);
     r.src.ip_set_ids = vec!["s:frontend".into()];
@@ -222,7 +237,12 @@ fn selectors_nets_and_negations_use_the_set_trie() {
     net.src.not_nets = vec![cidr(&format!("{A}/32"))];
     net.protocol = Some(17);
     m.policy(p.clone(), vec![r, net], vec![]);
-    m.endpoint("cali-b", B, vec![tier("default", RuleAction::Deny, &[p], &[])], &["none"]);
+    m.endpoint(
+        "cali-b",
+        B,
+        vec![tier("default", RuleAction::Deny, &[p], &[])],
+        &["none"],
+    );
     let c = m.compile();
     assert!(to_b(&c, A, 80));
     assert!(!to_b(&c, C, 80));
@@ -261,7 +281,12 @@ fn named_ports_icmp_and_not_protocol() {
     not_tcp.not_protocol = Some(6);
     not_tcp.dst.nets = vec![cidr("192.168.0.0/16")];
     m.policy(p.clone(), vec![named, icmp, not_tcp], vec![]);
-    m.endpoint("cali-b", B, vec![tier("default", RuleAction::Deny, &[p], &[])], &["none"]);
+    m.endpoint(
+        "cali-b",
+        B,
+        vec![tier("default", RuleAction::Deny, &[p], &[])],
+        &["none"],
+    );
     let c = m.compile();
     assert!(to_b(&c, A, 8080));
     assert!(!to_b(&c, A, 8081));
@@ -286,9 +311,18 @@ fn egress_checks_the_source_address_and_encapsulation_first() {
         ..Packet::tcp(ip(src), ip(A), dport)
     };
     assert!(verdict(&c, "cali-b", HOOK_FROM_WL, &out(B, 6, 80)));
-    assert!(!verdict(&c, "cali-b", HOOK_FROM_WL, &out(C, 6, 80)), "spoofed source");
-    assert!(!verdict(&c, "cali-b", HOOK_FROM_WL, &out(B, 17, 4789)), "VXLAN");
-    assert!(!verdict(&c, "cali-b", HOOK_FROM_WL, &out(B, 4, 0)), "IP-in-IP");
+    assert!(
+        !verdict(&c, "cali-b", HOOK_FROM_WL, &out(C, 6, 80)),
+        "spoofed source"
+    );
+    assert!(
+        !verdict(&c, "cali-b", HOOK_FROM_WL, &out(B, 17, 4789)),
+        "VXLAN"
+    );
+    assert!(
+        !verdict(&c, "cali-b", HOOK_FROM_WL, &out(B, 4, 0)),
+        "IP-in-IP"
+    );
 }
 
 #[test]
@@ -305,11 +339,19 @@ fn a_rule_beyond_the_limits_is_refused_whole_with_a_clear_error() {
         })
         .collect();
     m.policy(p.clone(), vec![tcp_port(RuleAction::Allow, 22), r], vec![]);
-    m.endpoint("cali-b", B, vec![tier("default", RuleAction::Deny, &[p], &[])], &["allow-all"]);
+    m.endpoint(
+        "cali-b",
+        B,
+        vec![tier("default", RuleAction::Deny, &[p], &[])],
+        &["allow-all"],
+    );
     let c = m.compile();
     assert_eq!(c.errors.len(), 1);
     let msg = c.errors[0].to_string();
-    assert!(msg.contains("policy many-ports") && msg.contains("rule 1"), "{msg}");
+    assert!(
+        msg.contains("policy many-ports") && msg.contains("rule 1"),
+        "{msg}"
+    );
     assert!(msg.contains("limit of 8"), "{msg}");
     // Nothing of the policy is loaded for that direction: even port 22 is denied.
     assert!(c.endpoints["cali-b"].hooks[HOOK_TO_WL].is_empty());
@@ -322,8 +364,17 @@ fn a_rule_beyond_the_limits_is_refused_whole_with_a_clear_error() {
 fn too_many_rules_for_one_endpoint_is_refused() {
     let mut m = M::new();
     let p = pid("default", "huge");
-    m.policy(p.clone(), vec![tcp_port(RuleAction::Allow, 1); MAX_RULES], vec![]);
-    m.endpoint("cali-b", B, vec![tier("default", RuleAction::Deny, &[p], &[])], &["allow-all"]);
+    m.policy(
+        p.clone(),
+        vec![tcp_port(RuleAction::Allow, 1); MAX_RULES],
+        vec![],
+    );
+    m.endpoint(
+        "cali-b",
+        B,
+        vec![tier("default", RuleAction::Deny, &[p], &[])],
+        &["allow-all"],
+    );
     let c = m.compile();
     assert!(matches!(
         &c.errors[..],
@@ -346,7 +397,12 @@ fn set_ids_are_stable_while_referenced_and_sets_carry_only_ipv4() {
     let mut r = rule(RuleAction::Allow);
     r.src.ip_set_ids = vec!["s:x".into()];
     m.policy(p.clone(), vec![r], vec![]);
-    m.endpoint("cali-b", B, vec![tier("default", RuleAction::Deny, &[p], &[])], &[]);
+    m.endpoint(
+        "cali-b",
+        B,
+        vec![tier("default", RuleAction::Deny, &[p], &[])],
+        &[],
+    );
     let mut comp = Compiler::default();
     let c1 = comp.compile(&m.model);
     let c2 = comp.compile(&m.model);

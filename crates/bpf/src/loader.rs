@@ -222,7 +222,12 @@ impl BpfMaps {
             .and_then(|p| p.try_into().ok())
     }
 
-    fn attach_one(&mut self, iface: &str, hook: usize, mode: AttachMode) -> Result<SchedClassifierLinkId, String> {
+    fn attach_one(
+        &mut self,
+        iface: &str,
+        hook: usize,
+        mode: AttachMode,
+    ) -> Result<SchedClassifierLinkId, String> {
         let prog = self.prog(hook).ok_or("program missing")?;
         let opts = match mode {
             AttachMode::Tcx => TcAttachOptions::TcxOrder(LinkOrder::default()),
@@ -241,7 +246,11 @@ impl BpfMaps {
         }
     }
 
-    fn try_attach(&mut self, iface: &str, mode: AttachMode) -> Result<[SchedClassifierLinkId; 2], String> {
+    fn try_attach(
+        &mut self,
+        iface: &str,
+        mode: AttachMode,
+    ) -> Result<[SchedClassifierLinkId; 2], String> {
         let first = self.attach_one(iface, 0, mode)?;
         match self.attach_one(iface, 1, mode) {
             Ok(second) => Ok([first, second]),
@@ -271,7 +280,11 @@ impl Kernel for BpfMaps {
     }
 
     fn attach(&mut self, iface: &str, ifindex: u32) -> Result<(), KernelError> {
-        if self.attached.get(iface).is_some_and(|a| a.ifindex == ifindex) {
+        if self
+            .attached
+            .get(iface)
+            .is_some_and(|a| a.ifindex == ifindex)
+        {
             return Ok(());
         }
         if let Some(old) = self.attached.remove(iface) {

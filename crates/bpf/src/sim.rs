@@ -85,8 +85,7 @@ fn side_matches(
         return false;
     }
     if has
-        && s
-            .not_named
+        && s.not_named
             .iter()
             .any(|id| in_named(sets, *id, addr, port, p.proto))
     {

@@ -98,7 +98,9 @@ impl Syncer {
     }
 
     /// Endpoints programmed, by interface: (endpoint, ifindex, rule counts per hook).
-    pub fn endpoints(&self) -> impl Iterator<Item = (&String, &WorkloadEndpointId, u32, [usize; 2])> {
+    pub fn endpoints(
+        &self,
+    ) -> impl Iterator<Item = (&String, &WorkloadEndpointId, u32, [usize; 2])> {
         self.written
             .iter()
             .map(|(i, w)| (i, &w.id, w.ifindex, [w.rules[0].len(), w.rules[1].len()]))
@@ -477,7 +479,11 @@ mod tests {
         let rules_before = k.rules.len();
         let r = s.sync(&model(443, &["10.1.0.0/16"]), &mut k).expect("sync");
         assert_eq!(r.endpoints_flipped, 2);
-        assert_eq!(r.rules_written, 2 * 2, "one policy rule and the end of tier, twice");
+        assert_eq!(
+            r.rules_written,
+            2 * 2,
+            "one policy rule and the end of tier, twice"
+        );
         assert_eq!(r.slots_freed, 0, "old slots stay one sync");
         assert_eq!(k.rules.len(), rules_before + 4);
         let r = s.sync(&model(443, &["10.1.0.0/16"]), &mut k).expect("sync");
@@ -519,7 +525,8 @@ mod tests {
         assert!(k.eps.contains_key(&12));
         // An endpoint leaves the model: entry deleted, detached, slots freed a sync later.
         let mut m = model(80, &["10.1.0.0/16"]);
-        m.workload_endpoints.retain(|id, _| id.workload != "ns/cali-a");
+        m.workload_endpoints
+            .retain(|id, _| id.workload != "ns/cali-a");
         let r = s.sync(&m, &mut k).expect("sync");
         assert_eq!(r.endpoints_removed, 1);
         assert!(!k.eps.contains_key(&10) && !k.attached.contains("cali-a"));

@@ -79,9 +79,18 @@ const PODS: [(&str, &str); 2] = [("10.66.0.1", "calia0"), ("10.66.0.2", "calib0"
 fn topo(prefix: &str) -> Topo {
     let node = Netns::new(&format!("{prefix}-node")).unwrap();
     node.sysctl("net.ipv4.ip_forward", "1").unwrap();
-    node.add_veth("uplink0", "uplink1", &["192.0.2.1/24"]).unwrap();
-    node.ip(&["route", "add", "default", "via", "192.0.2.254", "dev", "uplink0"])
+    node.add_veth("uplink0", "uplink1", &["192.0.2.1/24"])
         .unwrap();
+    node.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "192.0.2.254",
+        "dev",
+        "uplink0",
+    ])
+    .unwrap();
     let mut pods = Vec::new();
     let mut l = Vec::new();
     for (i, (ip, iface)) in PODS.iter().enumerate() {
@@ -122,7 +131,15 @@ fn tcp(t: &Topo, from: usize, to: usize, port: u16) -> bool {
     t.pods[from]
         .0
         .exec("timeout")
-        .args(["0.7", "nc", "-z", "-w", "1", t.pods[to].1, &port.to_string()])
+        .args([
+            "0.7",
+            "nc",
+            "-z",
+            "-w",
+            "1",
+            t.pods[to].1,
+            &port.to_string(),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
@@ -186,12 +203,18 @@ fn programs_enforce_fail_closed_ports_replies_and_an_atomic_flip() {
     assert!(tcp(&t, 0, 1, 80));
     in_ns(&t.node, || {
         let mut k = BpfMaps::load(&fs.path().join("nodea")).unwrap();
-        assert!(fs.path().join("nodea/mgy_eps").exists(), "maps pinned per node");
+        assert!(
+            fs.path().join("nodea/mgy_eps").exists(),
+            "maps pinned per node"
+        );
         // b gets programs but no endpoint entry: fail closed, both ways.
         let ib = k.ifindex("calib0").unwrap();
         k.attach("calib0", ib).unwrap();
         assert!(k.attached().all(|(_, _, m)| m == AttachMode::Tcx));
-        assert!(!tcp(&t, 0, 1, 80), "an interface without an endpoint entry drops");
+        assert!(
+            !tcp(&t, 0, 1, 80),
+            "an interface without an endpoint entry drops"
+        );
         // b: ingress allows tcp/80 only; egress allows everything. The reply to a's
         // connection passes b's egress hook by conntrack too.
         program(&mut k, "calib0", 10, [allow_all(), allow_tcp_port(80)]);
@@ -242,7 +265,13 @@ fn the_largest_policy_loads_passes_the_verifier_and_is_evaluated_to_the_end() {
             not_named: vec![4; MAX_NAMED],
             // Port 80 only in the last range: every range is compared.
             ports: (0..MAX_PORTS as u16)
-                .map(|i| if i == MAX_PORTS as u16 - 1 { (80, 80) } else { (1000 + i, 1000 + i) })
+                .map(|i| {
+                    if i == MAX_PORTS as u16 - 1 {
+                        (80, 80)
+                    } else {
+                        (1000 + i, 1000 + i)
+                    }
+                })
                 .collect(),
             not_ports: vec![(7, 7); MAX_PORTS],
         };

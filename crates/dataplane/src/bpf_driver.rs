@@ -103,7 +103,10 @@ impl BpfDriver {
 
     /// Interfaces with programs attached (name, ifindex).
     pub fn attached(&self) -> Vec<(String, u32)> {
-        self.maps.attached().map(|(n, i, _)| (n.clone(), i)).collect()
+        self.maps
+            .attached()
+            .map(|(n, i, _)| (n.clone(), i))
+            .collect()
     }
 
     fn write(&mut self) -> Result<Vec<StatusUpdate>, DataplaneError> {
@@ -118,13 +121,13 @@ impl BpfDriver {
                  from its workloads leaves unNATed (use BPFEnabled=false for natOutgoing)"
             );
         }
-        let report = self
-            .syncer
-            .sync(&st.model, &mut self.maps)
-            .map_err(|e| DataplaneError::Apply {
-                what: "eBPF maps".into(),
-                reason: e.to_string(),
-            })?;
+        let report =
+            self.syncer
+                .sync(&st.model, &mut self.maps)
+                .map_err(|e| DataplaneError::Apply {
+                    what: "eBPF maps".into(),
+                    reason: e.to_string(),
+                })?;
         if st.model.in_sync
             && let Some(files) = &mut self.status_files
             && let Err(e) = files.sync(&st.model)
@@ -195,7 +198,10 @@ impl BpfDriver {
         for m in batch {
             match m {
                 Message::WorkloadEndpointUpdate { id, endpoint } => {
-                    let up = self.maps.attached().any(|(n, _, _)| *n == endpoint.interface);
+                    let up = self
+                        .maps
+                        .attached()
+                        .any(|(n, _, _)| *n == endpoint.interface);
                     let status = if self.last_report.refused_endpoints.contains(id) {
                         EndpointStatus::Error
                     } else if up {

@@ -1,7 +1,7 @@
 //! The eBPF driver against the nftables driver: the same resources, through the same
 //! calculation graph, into two identical node namespaces (root; every namespace is the test's
 //! own), one driven by each driver; after every step the probe matrices (every pod to every
-//! pod on tcp/80, tcp/8080 and ping) must be equal. The steps cover allow/deny by port, by
+//! pod on tcp/80, tcp/8080 and ping, and the node itself to every pod) must be equal. The steps cover allow/deny by port, by
 //! selector (IP set), by named port, by net, namespace selectors, tiers with Pass, ICMP,
 //! notSelector, Log, profile fallback and default deny; each step is one incremental apply,
 //! probed at once.
@@ -265,7 +265,8 @@ impl Node {
         }
     }
 
-    /// Every pod to every other pod: tcp/80, tcp/8080, ping — probed in parallel.
+    /// Every pod to every other pod (tcp/80, tcp/8080, ping) and the node to every pod (tcp/80,
+    /// ping), probed in parallel.
     fn matrix(&self) -> BTreeMap<String, bool> {
         let mut probes = Vec::new();
         for (i, (from, _, _)) in PODS.iter().enumerate() {
@@ -278,32 +279,51 @@ impl Node {
                 }
             }
         }
+        // The host itself to every pod.
+        for (to, to_ip, _) in PODS {
+            for port in [80u16, 0] {
+                probes.push((format!("node->{to}:{port}"), usize::MAX, to_ip, port));
+            }
+        }
+        // A listener (`nc -l -k`) takes one connection at a time with a tiny backlog:
+        // probes to one address and port run one after the other, the groups in parallel.
+        let mut groups: BTreeMap<(&str, u16), Vec<&(String, usize, &str, u16)>> = BTreeMap::new();
+        for p in &probes {
+            groups.entry((p.2, p.3)).or_default().push(p);
+        }
         std::thread::scope(|s| {
-            let handles: Vec<_> = probes
-                .iter()
-                .map(|(name, i, ip, port)| {
-                    let pod = &self.pods[*i];
+            let handles: Vec<_> = groups
+                .values()
+                .map(|group| {
                     s.spawn(move || {
-                        let mut cmd = if *port == 0 {
-                            let mut c = pod.exec("ping");
-                            c.args(["-c", "1", "-W", "1", ip]);
-                            c
-                        } else {
-                            let mut c = pod.exec("timeout");
-                            c.args(["0.7", "nc", "-z", "-w", "1", ip, &port.to_string()]);
-                            c
-                        };
-                        let ok = cmd
-                            .stdout(Stdio::null())
-                            .stderr(Stdio::null())
-                            .status()
-                            .unwrap()
-                            .success();
-                        (name.clone(), ok)
+                        let mut out = Vec::new();
+                        for (name, i, ip, port) in group.iter().copied() {
+                            let pod = self.pods.get(*i).unwrap_or(&self.node);
+                            let mut cmd = if *port == 0 {
+                                let mut c = pod.exec("ping");
+                                c.args(["-c", "1", "-W", "1", ip]);
+                                c
+                            } else {
+                                let mut c = pod.exec("timeout");
+                                c.args(["2", "nc", "-z", "-w", "1", ip, &port.to_string()]);
+                                c
+                            };
+                            let ok = cmd
+                                .stdout(Stdio::null())
+                                .stderr(Stdio::null())
+                                .status()
+                                .unwrap()
+                                .success();
+                            out.push((name.clone(), ok));
+                        }
+                        out
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
         })
     }
 }
@@ -450,12 +470,19 @@ fn bpf_and_nftables_drivers_agree_on_every_probe() {
             .filter(|(k, v)| got.get(*k) != Some(v))
             .map(|(k, v)| format!("{k}: nftables {v}, bpf {:?}", got.get(k)))
             .collect();
-        assert!(diff.is_empty(), "step {name:?}: drivers disagree:\n{}", diff.join("\n"));
+        assert!(
+            diff.is_empty(),
+            "step {name:?}: drivers disagree:\n{}",
+            diff.join("\n")
+        );
         allowed += want.values().filter(|v| **v).count();
         denied += want.values().filter(|v| !**v).count();
     }
     // The comparison means something only if both outcomes occurred.
-    assert!(allowed > 20 && denied > 20, "allowed {allowed}, denied {denied}");
+    assert!(
+        allowed > 20 && denied > 20,
+        "allowed {allowed}, denied {denied}"
+    );
     if let Driver::Bpf(d, _) = &bpf.driver {
         assert_eq!(d.attached().len(), 3);
     }

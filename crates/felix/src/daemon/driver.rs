@@ -99,7 +99,15 @@ pub(super) fn make_driver(
                 refresh_interval: config.interface_refresh_interval,
             };
             if config.bpf_enabled {
-                return make_bpf_driver(env, config, hostname, &nft, routing, global_sysctls, interfaces);
+                return make_bpf_driver(
+                    env,
+                    config,
+                    hostname,
+                    &nft,
+                    routing,
+                    global_sysctls,
+                    interfaces,
+                );
             }
             let (driver, recording, stats) = LinuxDriver::new(LinuxDriverConfig {
                 nft: NftDriverConfig {
