@@ -8,8 +8,9 @@
 //! network namespace of the thread calling `apply`/`housekeeping` (Felix runs inside its
 //! node's namespace).
 //!
-//! Not in this milestone (see crates/bpf/DESIGN.md): natOutgoing (pools with natOutgoing
-//! are not masqueraded; a warning says so), host endpoints, IPv6, restoring state across
+//! DefaultEndpointToHostAction and natOutgoing stay in a small nftables table
+//! ([`crate::bpf_host_nft`]). Not in this milestone (see crates/bpf/DESIGN.md): host
+//! endpoints, IPv6, restoring state across
 //! restarts (the maps are cleared at start and programs detach when Felix exits), conntrack
 //! garbage collection (the LRU map evicts), per-rule counters.
 
@@ -21,6 +22,7 @@ use margay_bpf::loader::{BpfMaps, LoadError, ensure_bpffs};
 use margay_bpf::sync::{SyncReport, Syncer};
 use margay_calc::Message;
 
+use crate::bpf_host_nft::{HostNft, HostNftConfig};
 use crate::linux::interfaces::{InterfaceConfig, WorkloadInterfaces};
 use crate::linux::routing::{Routing, RoutingConfig};
 use crate::linux::sysctl::{ProcSys, Sysctl};
@@ -39,6 +41,8 @@ pub struct BpfDriverConfig {
     pub status_prefix: Option<PathBuf>,
     pub global_sysctls: Vec<Sysctl>,
     pub interfaces: Option<InterfaceConfig>,
+    /// DefaultEndpointToHostAction and natOutgoing, still in nftables (None: neither).
+    pub host_nft: Option<HostNftConfig>,
 }
 
 pub struct BpfDriver {
@@ -55,7 +59,7 @@ pub struct BpfDriver {
     interfaces: Option<WorkloadInterfaces>,
     in_sync_pending: bool,
     in_sync_reported: bool,
-    nat_warned: bool,
+    host_nft: Option<HostNft>,
     last_report: SyncReport,
 }
 
@@ -89,7 +93,7 @@ impl BpfDriver {
                 interfaces: cfg.interfaces.map(WorkloadInterfaces::new),
                 in_sync_pending: false,
                 in_sync_reported: false,
-                nat_warned: false,
+                host_nft: cfg.host_nft.map(HostNft::new),
                 last_report: SyncReport::default(),
             },
             state,
@@ -114,13 +118,6 @@ impl BpfDriver {
         if !st.model.in_sync {
             return Ok(Vec::new());
         }
-        if !self.nat_warned && st.model.pools.values().any(|p| p.masquerade && !p.disabled) {
-            self.nat_warned = true;
-            tracing::warn!(
-                "an IP pool has natOutgoing, which the eBPF dataplane does not do yet: traffic \
-                 from its workloads leaves unNATed (use BPFEnabled=false for natOutgoing)"
-            );
-        }
         let report =
             self.syncer
                 .sync(&st.model, &mut self.maps)
@@ -128,6 +125,12 @@ impl BpfDriver {
                     what: "eBPF maps".into(),
                     reason: e.to_string(),
                 })?;
+        if let Some(h) = &mut self.host_nft {
+            h.sync(&st.model).map_err(|e| DataplaneError::Apply {
+                what: "nftables (endpoint-to-host, natOutgoing)".into(),
+                reason: e.to_string(),
+            })?;
+        }
         if st.model.in_sync
             && let Some(files) = &mut self.status_files
             && let Err(e) = files.sync(&st.model)

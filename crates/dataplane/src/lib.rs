@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bpf_driver;
+pub mod bpf_host_nft;
 pub mod exec;
 pub mod linux;
 pub mod linux_driver;

@@ -185,6 +185,11 @@ impl Node {
                 status_prefix: None,
                 global_sysctls: vec![],
                 interfaces: None,
+                host_nft: Some(margay_dataplane::bpf_host_nft::HostNftConfig {
+                    workload_prefixes: vec!["cali".into()],
+                    endpoint_to_host: NftConfig::default().endpoint_to_host,
+                    nat: Default::default(),
+                }),
             })
             .unwrap();
             Driver::Bpf(Box::new(d), fs)
@@ -486,6 +491,15 @@ fn bpf_and_nftables_drivers_agree_on_every_probe() {
     if let Driver::Bpf(d, _) = &bpf.driver {
         assert_eq!(d.attached().len(), 3);
     }
+    // The nftables companion (endpoint-to-host) is in the node's namespace, not the machine's.
+    let out = bpf
+        .node
+        .exec("nft")
+        .args(["list", "table", "inet", "margay-bpf"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("DefaultEndpointToHostAction"), "{text}");
 }
 
 /// One apply, and the new policy holds for the next probe; only the endpoint it selects is
