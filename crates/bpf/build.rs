@@ -5,7 +5,9 @@ use std::process::Command;
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let clang = std::env::var("MARGAY_BPF_CLANG").unwrap_or_else(|_| "clang".to_string());
-    for prog in ["policy"] {
+    // One object today; later programs join this list.
+    const PROGRAMS: &[&str] = &["policy"];
+    for prog in PROGRAMS {
         let src = format!("bpf/{prog}.c");
         println!("cargo:rerun-if-changed={src}");
         let obj = out.join(format!("{prog}.o"));

@@ -330,7 +330,7 @@ impl Compiler {
     ) -> Result<Vec<Rule>, CompileError> {
         let mut rules = Vec::new();
         if hook == HOOK_FROM_WL {
-            self.from_workload_guards(ep, refs, &mut rules);
+            self.workload_egress_guards(ep, refs, &mut rules);
         }
         for tier in &ep.tiers {
             self.tier(model, tier, hook, refs, &mut rules)?;
@@ -360,7 +360,7 @@ impl Compiler {
     }
 
     /// Anti-spoofing and the encapsulation drops, as the nft endpoint chain starts.
-    fn from_workload_guards(
+    fn workload_egress_guards(
         &mut self,
         ep: &WorkloadEndpointData,
         refs: &mut BTreeMap<String, SetSource>,

@@ -63,7 +63,7 @@ pub enum KernelError {
 /// Is `dir` (or the filesystem it is on) a BPF filesystem?
 pub fn is_bpffs(dir: &Path) -> bool {
     nix::sys::statfs::statfs(dir)
-        .map(|s| s.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+        .map(|s| s.filesystem_type().0 == BPF_FS_MAGIC)
         .unwrap_or(false)
 }
 
@@ -277,6 +277,16 @@ impl Kernel for BpfMaps {
 
     fn ifindex(&self, iface: &str) -> Option<u32> {
         nix::net::if_::if_nametoindex(iface).ok()
+    }
+
+    fn interfaces(&self) -> Vec<(String, u32)> {
+        nix::net::if_::if_nameindex()
+            .map(|l| {
+                l.iter()
+                    .map(|i| (i.name().to_string_lossy().into_owned(), i.index()))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn attach(&mut self, iface: &str, ifindex: u32) -> Result<(), KernelError> {

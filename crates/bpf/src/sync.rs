@@ -25,6 +25,8 @@ pub trait Kernel {
     type Error: std::fmt::Display;
     /// The interface's index in the dataplane's network namespace, if it exists.
     fn ifindex(&self, iface: &str) -> Option<u32>;
+    /// Every interface in the namespace: (name, index).
+    fn interfaces(&self) -> Vec<(String, u32)>;
     /// Attaches both programs to the interface (idempotent for the same index).
     fn attach(&mut self, iface: &str, ifindex: u32) -> Result<(), Self::Error>;
     /// Detaches them (the interface may be gone already).
@@ -87,6 +89,8 @@ pub struct Syncer {
     retiring: Vec<(u32, usize)>,
     /// Retired by this sync.
     retired: Vec<(u32, usize)>,
+    /// Workload-looking interfaces no endpoint claims, with programs and no entry (they drop).
+    guarded: BTreeMap<String, u32>,
 }
 
 impl Syncer {
@@ -118,6 +122,8 @@ impl Syncer {
         })
     }
 
+    // `hook` indexes several parallel arrays (slots, old and new rule lists).
+    #[allow(clippy::needless_range_loop)]
     pub fn sync<K: Kernel>(
         &mut self,
         model: &DataplaneModel,
@@ -256,6 +262,48 @@ impl Syncer {
         Ok(report)
     }
 
+    /// Attaches the programs to every interface whose name starts with one of `prefixes`
+    /// and that no endpoint claims: without an endpoint entry they drop everything, as the
+    /// nftables dataplane drops unknown workload interfaces. Returns how many are guarded.
+    pub fn guard_unknown<K: Kernel>(
+        &mut self,
+        prefixes: &[String],
+        k: &mut K,
+    ) -> Result<usize, SyncError> {
+        let now: BTreeMap<String, u32> = k
+            .interfaces()
+            .into_iter()
+            .filter(|(n, _)| {
+                prefixes
+                    .iter()
+                    .any(|p| !p.is_empty() && n.starts_with(p.as_str()))
+                    && !self.written.contains_key(n)
+            })
+            .collect();
+        let stale: Vec<String> = self
+            .guarded
+            .iter()
+            .filter(|(n, i)| now.get(*n) != Some(*i))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in stale {
+            self.guarded.remove(&n);
+            if !self.written.contains_key(&n) {
+                k.detach(&n);
+            }
+        }
+        for (n, i) in now {
+            if self.guarded.get(&n) == Some(&i) {
+                continue;
+            }
+            k.attach(&n, i)
+                .map_err(err(format!("attaching to unknown workload interface {n}")))?;
+            tracing::info!(iface = %n, "eBPF: no endpoint for this workload interface: its traffic is dropped");
+            self.guarded.insert(n, i);
+        }
+        Ok(self.guarded.len())
+    }
+
     fn remove_endpoint<K: Kernel>(
         &mut self,
         iface: &str,
@@ -308,6 +356,9 @@ mod tests {
         type Error = String;
         fn ifindex(&self, iface: &str) -> Option<u32> {
             self.links.get(iface).copied()
+        }
+        fn interfaces(&self) -> Vec<(String, u32)> {
+            self.links.iter().map(|(n, i)| (n.clone(), *i)).collect()
         }
         fn attach(&mut self, iface: &str, _ifindex: u32) -> Result<(), String> {
             self.attached.insert(iface.to_string());
@@ -538,5 +589,29 @@ mod tests {
             .map(|e| (e.count[0] + e.count[1]) as usize)
             .sum();
         assert_eq!(k.rules.len(), live, "no rule outlives its slot");
+    }
+
+    #[test]
+    fn unknown_workload_interfaces_get_programs_and_no_entry() {
+        let mut k = fake();
+        k.links.insert("caliunknown".into(), 20);
+        k.links.insert("eth0".into(), 2);
+        let mut s = Syncer::default();
+        s.sync(&model(80, &["10.1.0.0/16"]), &mut k).expect("sync");
+        let prefixes = vec!["cali".to_string()];
+        assert_eq!(s.guard_unknown(&prefixes, &mut k).expect("guard"), 1);
+        assert!(k.attached.contains("caliunknown") && !k.attached.contains("eth0"));
+        assert!(!k.eps.contains_key(&20), "no entry: the program drops");
+        // A known endpoint leaves: its interface becomes unknown and stays guarded.
+        let mut m = model(80, &["10.1.0.0/16"]);
+        m.workload_endpoints
+            .retain(|id, _| id.workload != "ns/cali-a");
+        s.sync(&m, &mut k).expect("sync");
+        assert_eq!(s.guard_unknown(&prefixes, &mut k).expect("guard"), 2);
+        assert!(k.attached.contains("cali-a") && !k.eps.contains_key(&10));
+        // Gone interfaces are forgotten.
+        k.links.remove("caliunknown");
+        assert_eq!(s.guard_unknown(&prefixes, &mut k).expect("guard"), 1);
+        assert!(!k.attached.contains("caliunknown"));
     }
 }

@@ -36,6 +36,9 @@ pub struct BpfDriverConfig {
     /// caller guarantees `pin_dir` is on one.
     pub bpffs_mount: Option<PathBuf>,
     pub compile: CompileConfig,
+    /// Workload interface prefixes (InterfacePrefix): an interface with one of them that no
+    /// endpoint claims gets the programs and no entry, so it drops (fail closed).
+    pub workload_prefixes: Vec<String>,
     pub routing: Option<RoutingConfig>,
     pub route_refresh_interval: Duration,
     pub status_prefix: Option<PathBuf>,
@@ -60,6 +63,7 @@ pub struct BpfDriver {
     in_sync_pending: bool,
     in_sync_reported: bool,
     host_nft: Option<HostNft>,
+    workload_prefixes: Vec<String>,
     last_report: SyncReport,
 }
 
@@ -94,6 +98,7 @@ impl BpfDriver {
                 in_sync_pending: false,
                 in_sync_reported: false,
                 host_nft: cfg.host_nft.map(HostNft::new),
+                workload_prefixes: cfg.workload_prefixes,
                 last_report: SyncReport::default(),
             },
             state,
@@ -125,6 +130,12 @@ impl BpfDriver {
                     what: "eBPF maps".into(),
                     reason: e.to_string(),
                 })?;
+        self.syncer
+            .guard_unknown(&self.workload_prefixes, &mut self.maps)
+            .map_err(|e| DataplaneError::Apply {
+                what: "eBPF programs on unknown workload interfaces".into(),
+                reason: e.to_string(),
+            })?;
         if let Some(h) = &mut self.host_nft {
             h.sync(&st.model).map_err(|e| DataplaneError::Apply {
                 what: "nftables (endpoint-to-host, natOutgoing)".into(),
@@ -153,6 +164,17 @@ impl BpfDriver {
             }
         }
         Ok(out)
+    }
+
+    /// Programs (and no entry) on workload interfaces no endpoint claims.
+    fn guard_unknown(&mut self) -> Result<(), DataplaneError> {
+        self.syncer
+            .guard_unknown(&self.workload_prefixes, &mut self.maps)
+            .map(drop)
+            .map_err(|e| DataplaneError::Apply {
+                what: "eBPF programs on unknown workload interfaces".into(),
+                reason: e.to_string(),
+            })
     }
 
     fn configure_kernel(&mut self) {
@@ -277,6 +299,10 @@ impl DataplaneDriver for BpfDriver {
                     return Err(e);
                 }
             }
+        }
+        // A new interface (a pod being wired) is closed within a housekeeping period.
+        if self.in_sync_reported {
+            self.guard_unknown()?;
         }
         let now = Instant::now();
         let refresh = !self.route_refresh_interval.is_zero()

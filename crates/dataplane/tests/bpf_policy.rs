@@ -125,7 +125,7 @@ fn base_resources() -> Vec<Resource> {
 }
 
 enum Driver {
-    Nft(NftDriver, margay_calc::DataplaneModel),
+    Nft(Box<(NftDriver, margay_calc::DataplaneModel)>),
     /// The bpffs is unmounted after the driver is dropped (fields drop in order).
     Bpf(Box<BpfDriver>, #[allow(dead_code)] PrivateBpffs),
 }
@@ -185,6 +185,7 @@ impl Node {
                 status_prefix: None,
                 global_sysctls: vec![],
                 interfaces: None,
+                workload_prefixes: vec!["cali".into()],
                 host_nft: Some(margay_dataplane::bpf_host_nft::HostNftConfig {
                     workload_prefixes: vec!["cali".into()],
                     endpoint_to_host: NftConfig::default().endpoint_to_host,
@@ -206,7 +207,7 @@ impl Node {
                 refresh_interval: Duration::ZERO,
                 flowtable_extra_devices: None,
             });
-            Driver::Nft(d, margay_calc::DataplaneModel::default())
+            Driver::Nft(Box::new((d, margay_calc::DataplaneModel::default())))
         };
         let graph = CalcGraph::new(CalcConfig {
             hostname: NODE.into(),
@@ -258,7 +259,8 @@ impl Node {
         }
         let msgs: Vec<Message> = self.graph.flush();
         match &mut self.driver {
-            Driver::Nft(d, model) => {
+            Driver::Nft(b) => {
+                let (d, model) = &mut **b;
                 model.apply_all(&msgs).unwrap();
                 d.mark_dirty();
                 d.sync(model).unwrap();
@@ -292,7 +294,8 @@ impl Node {
         }
         // A listener (`nc -l -k`) takes one connection at a time with a tiny backlog:
         // probes to one address and port run one after the other, the groups in parallel.
-        let mut groups: BTreeMap<(&str, u16), Vec<&(String, usize, &str, u16)>> = BTreeMap::new();
+        type Probe<'a> = (String, usize, &'a str, u16);
+        let mut groups: BTreeMap<(&str, u16), Vec<&Probe>> = BTreeMap::new();
         for p in &probes {
             groups.entry((p.2, p.3)).or_default().push(p);
         }
@@ -531,4 +534,26 @@ spec:
     }
     bpf.set(&[], false);
     assert!(probe(&bpf));
+
+    // A pod whose endpoint the datastore does not know: after one housekeeping its
+    // interface has programs and no entry, so it is dropped.
+    let ghost = bpf
+        .node
+        .add_pod("bpfd-ghost", "10.65.0.9", "caligho0")
+        .unwrap();
+    let Driver::Bpf(d, _) = &mut bpf.driver else {
+        unreachable!()
+    };
+    in_ns(&bpf.node, || d.housekeeping().unwrap());
+    assert!(d.attached().iter().any(|(n, _)| n == "caligho0"));
+    let to_web = ghost
+        .exec("timeout")
+        .args(["2", "nc", "-z", "-w", "1", "10.65.0.1", "80"])
+        .status()
+        .unwrap();
+    assert!(
+        !to_web.success(),
+        "an unknown cali interface must be dropped"
+    );
+    assert!(probe(&bpf), "known pods unaffected");
 }

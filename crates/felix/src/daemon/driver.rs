@@ -172,6 +172,7 @@ fn make_bpf_driver(
             .then(|| PathBuf::from(&config.endpoint_status_path_prefix)),
         global_sysctls,
         interfaces: Some(interfaces),
+        workload_prefixes: nft.workload_prefixes.clone(),
         host_nft: Some(margay_dataplane::bpf_host_nft::HostNftConfig {
             workload_prefixes: nft.workload_prefixes.clone(),
             endpoint_to_host: nft.endpoint_to_host,
