@@ -14,13 +14,14 @@
 //! affected hook gets an empty list (deny everything) and the error names policy, rule and
 //! limit. Nothing is half-loaded.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use margay_api::net::Cidr;
 use margay_calc::{
-    DataplaneModel, IpSetMember, PortProtocol, PortRange, ResolvedMatch, ResolvedRule, RuleAction,
-    TierInfo, WorkloadEndpointData, WorkloadEndpointId,
+    DataplaneModel, IpSetMember, PolicyId, PortProtocol, PortRange, ResolvedMatch, ResolvedPolicy,
+    ResolvedProfile, ResolvedRule, RuleAction, WorkloadEndpointData, WorkloadEndpointId,
 };
 
 use crate::layout::*;
@@ -128,8 +129,9 @@ enum SetSource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointRules {
     pub id: WorkloadEndpointId,
-    /// Indexed by [`HOOK_FROM_WL`] and [`HOOK_TO_WL`].
-    pub hooks: [Vec<Rule>; 2],
+    /// Indexed by [`HOOK_FROM_WL`] and [`HOOK_TO_WL`]. Shared with the compiler's cache: an
+    /// endpoint whose inputs did not change gets the same `Arc` as last time.
+    pub hooks: [Arc<Vec<Rule>>; 2],
 }
 
 /// Everything the maps should hold.
@@ -158,11 +160,32 @@ impl Compiled {
     }
 }
 
-/// The compiler: keeps set ids stable from one compile to the next.
+/// One policy's or profile's rules for one hook, compiled once and shared by every endpoint
+/// it applies to. Pass rules still jump to `JUMP_TO_END` (resolved per endpoint).
+#[derive(Debug)]
+struct Frag {
+    rules: Result<Vec<Rule>, CompileError>,
+    refs: BTreeMap<String, SetSource>,
+}
+
+/// What an endpoint hook's list was built from: reused while none of it changed.
+#[derive(Debug)]
+struct EpCache {
+    ep: Arc<WorkloadEndpointData>,
+    frags: [Vec<Arc<Frag>>; 2],
+    hooks: [Result<Arc<Vec<Rule>>, CompileError>; 2],
+    refs: BTreeMap<String, SetSource>,
+}
+
+/// The compiler: keeps set ids stable from one compile to the next, and caches compiled
+/// policies, profiles and endpoint lists so that a batch costs what it changed.
 #[derive(Debug, Default)]
 pub struct Compiler {
     pub cfg: CompileConfig,
     ids: SetIds,
+    policies: HashMap<(PolicyId, usize), (Arc<ResolvedPolicy>, Arc<Frag>)>,
+    profiles: HashMap<(String, usize), (Arc<ResolvedProfile>, Arc<Frag>)>,
+    endpoints: HashMap<WorkloadEndpointId, EpCache>,
 }
 
 /// A jump target not known yet: the end of the tier or profile being compiled.
@@ -235,7 +258,7 @@ impl Compiler {
     pub fn new(cfg: CompileConfig) -> Compiler {
         Compiler {
             cfg,
-            ids: SetIds::default(),
+            ..Compiler::default()
         }
     }
 
@@ -243,22 +266,62 @@ impl Compiler {
         &self.ids
     }
 
-    /// Compiles the whole model. Set ids of sets no longer referenced are released.
+    /// Compiles the whole model. Set ids of sets no longer referenced are released. What did
+    /// not change since the last compile (same `Arc`s in the model) is reused, not rebuilt.
     pub fn compile(&mut self, model: &DataplaneModel) -> Compiled {
         let mut out = Compiled::default();
-        let mut refs: BTreeMap<String, SetSource> = BTreeMap::new();
+        let mut used_policies = HashSet::new();
+        let mut used_profiles = HashSet::new();
+        let mut endpoints = HashMap::with_capacity(model.workload_endpoints.len());
+        let mut live: BTreeMap<String, SetSource> = BTreeMap::new();
         for (id, ep) in &model.workload_endpoints {
-            let mut hooks: [Vec<Rule>; 2] = [Vec::new(), Vec::new()];
+            let mut frags: [Vec<Arc<Frag>>; 2] = [Vec::new(), Vec::new()];
+            for (hook, list) in frags.iter_mut().enumerate() {
+                for tier in &ep.tiers {
+                    let policies = if hook == HOOK_TO_WL {
+                        &tier.ingress_policies
+                    } else {
+                        &tier.egress_policies
+                    };
+                    for pid in policies {
+                        if let Some(f) = self.policy_frag(model, pid, hook) {
+                            used_policies.insert((pid.clone(), hook));
+                            list.push(f);
+                        }
+                    }
+                }
+                for p in &ep.profile_ids {
+                    if let Some(f) = self.profile_frag(model, p, hook) {
+                        used_profiles.insert((p.clone(), hook));
+                        list.push(f);
+                    }
+                }
+            }
+            let cached = self.endpoints.remove(id).filter(|c| {
+                Arc::ptr_eq(&c.ep, ep)
+                    && (0..2).all(|h| {
+                        c.frags[h].len() == frags[h].len()
+                            && c.frags[h]
+                                .iter()
+                                .zip(&frags[h])
+                                .all(|(a, b)| Arc::ptr_eq(a, b))
+                    })
+            });
+            let entry = match cached {
+                Some(c) => c,
+                None => self.build_endpoint(model, id, ep, frags),
+            };
+            let mut hooks: [Arc<Vec<Rule>>; 2] = [Arc::default(), Arc::default()];
             for (hook, slot) in hooks.iter_mut().enumerate() {
-                match self.endpoint_hook(model, id, ep, hook, &mut refs) {
-                    Ok(rules) => *slot = rules,
+                match &entry.hooks[hook] {
+                    Ok(rules) => *slot = rules.clone(),
                     Err(e) => {
-                        tracing::error!(endpoint = %id, "{e}");
-                        out.errors.push(e);
+                        out.errors.push(e.clone());
                         out.refused_endpoints.insert(id.clone());
                     }
                 }
             }
+            live.extend(entry.refs.iter().map(|(k, v)| (k.clone(), v.clone())));
             out.endpoints.insert(
                 ep.interface.clone(),
                 EndpointRules {
@@ -266,8 +329,20 @@ impl Compiler {
                     hooks,
                 },
             );
+            endpoints.insert(id.clone(), entry);
         }
-        for (name, src) in &refs {
+        self.endpoints = endpoints;
+        self.policies.retain(|k, _| used_policies.contains(k));
+        self.profiles.retain(|k, _| used_profiles.contains(k));
+        for f in self
+            .policies
+            .values()
+            .map(|(_, f)| f)
+            .chain(self.profiles.values().map(|(_, f)| f))
+        {
+            live.extend(f.refs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        for (name, src) in &live {
             let id = self.ids.get(name);
             let entries = match src {
                 SetSource::Nets(nets) => entries_of_nets(id, nets),
@@ -295,9 +370,88 @@ impl Compiler {
             };
             out.sets.insert(id, entries);
         }
-        let live: BTreeSet<String> = refs.into_keys().collect();
+        let live: BTreeSet<String> = live.into_keys().collect();
         self.ids.retain(&live);
         out
+    }
+
+    /// A policy's rules for a hook: from the cache while the model holds the same policy.
+    fn policy_frag(
+        &mut self,
+        model: &DataplaneModel,
+        pid: &PolicyId,
+        hook: usize,
+    ) -> Option<Arc<Frag>> {
+        // The model's contract guarantees the policy exists; a missing one has no rules.
+        let pol = model.policies.get(pid)?;
+        let key = (pid.clone(), hook);
+        if let Some((p, f)) = self.policies.get(&key)
+            && Arc::ptr_eq(p, pol)
+        {
+            return Some(f.clone());
+        }
+        let list = if hook == HOOK_TO_WL {
+            &pol.inbound
+        } else {
+            &pol.outbound
+        };
+        let owner = format!("policy {} (tier {})", pid, pid.tier);
+        let f = Arc::new(self.frag(list, &owner, hook));
+        self.policies.insert(key, (pol.clone(), f.clone()));
+        Some(f)
+    }
+
+    fn profile_frag(&mut self, model: &DataplaneModel, id: &str, hook: usize) -> Option<Arc<Frag>> {
+        let prof = model.profiles.get(id)?;
+        let key = (id.to_string(), hook);
+        if let Some((p, f)) = self.profiles.get(&key)
+            && Arc::ptr_eq(p, prof)
+        {
+            return Some(f.clone());
+        }
+        let list = if hook == HOOK_TO_WL {
+            &prof.inbound
+        } else {
+            &prof.outbound
+        };
+        let f = Arc::new(self.frag(list, &format!("profile {id}"), hook));
+        self.profiles.insert(key, (prof.clone(), f.clone()));
+        Some(f)
+    }
+
+    fn frag(&mut self, list: &[ResolvedRule], owner: &str, hook: usize) -> Frag {
+        let mut refs = BTreeMap::new();
+        let mut rules = Vec::new();
+        let r = self.rules(list, owner, hook, &mut refs, &mut rules);
+        Frag {
+            rules: r.map(|()| rules),
+            refs,
+        }
+    }
+
+    fn build_endpoint(
+        &mut self,
+        model: &DataplaneModel,
+        id: &WorkloadEndpointId,
+        ep: &Arc<WorkloadEndpointData>,
+        frags: [Vec<Arc<Frag>>; 2],
+    ) -> EpCache {
+        let mut refs = BTreeMap::new();
+        let mut hooks: [Result<Arc<Vec<Rule>>, CompileError>; 2] =
+            [Ok(Arc::default()), Ok(Arc::default())];
+        for (hook, slot) in hooks.iter_mut().enumerate() {
+            let r = self.endpoint_hook(model, id, ep, hook, &mut refs);
+            if let Err(e) = &r {
+                tracing::error!(endpoint = %id, "{e}");
+            }
+            *slot = r.map(Arc::new);
+        }
+        EpCache {
+            ep: ep.clone(),
+            frags,
+            hooks,
+            refs,
+        }
     }
 
     fn set_ref(&mut self, refs: &mut BTreeMap<String, SetSource>, model_id: &str) -> u32 {
@@ -333,17 +487,36 @@ impl Compiler {
             self.workload_egress_guards(ep, refs, &mut rules);
         }
         for tier in &ep.tiers {
-            self.tier(model, tier, hook, refs, &mut rules)?;
+            let policies = if hook == HOOK_TO_WL {
+                &tier.ingress_policies
+            } else {
+                &tier.egress_policies
+            };
+            if policies.is_empty() {
+                continue;
+            }
+            let start = rules.len();
+            for pid in policies {
+                if let Some(f) = self.policy_frag(model, pid, hook) {
+                    rules.extend(f.rules.as_ref().map_err(Clone::clone)?.iter().cloned());
+                }
+            }
+            rules.push(Rule {
+                action: if tier.default_action == RuleAction::Pass {
+                    ACT_PASS
+                } else {
+                    ACT_DENY
+                },
+                jump: JUMP_TO_END,
+                ..Rule::default()
+            });
+            let end = rules.len();
+            resolve_jumps(&mut rules[start..], end);
         }
         for p in &ep.profile_ids {
             let start = rules.len();
-            if let Some(prof) = model.profiles.get(p) {
-                let list = if hook == HOOK_TO_WL {
-                    &prof.inbound
-                } else {
-                    &prof.outbound
-                };
-                self.rules(list, &format!("profile {p}"), hook, refs, &mut rules)?;
+            if let Some(f) = self.profile_frag(model, p, hook) {
+                rules.extend(f.rules.as_ref().map_err(Clone::clone)?.iter().cloned());
             }
             let end = rules.len();
             resolve_jumps(&mut rules[start..], end);
@@ -396,49 +569,6 @@ impl Compiler {
             let set = self.nets_ref(refs, own);
             rules.push(deny(&|r| r.src.not_sets = vec![set]));
         }
-    }
-
-    fn tier(
-        &mut self,
-        model: &DataplaneModel,
-        tier: &TierInfo,
-        hook: usize,
-        refs: &mut BTreeMap<String, SetSource>,
-        rules: &mut Vec<Rule>,
-    ) -> Result<(), CompileError> {
-        let policies = if hook == HOOK_TO_WL {
-            &tier.ingress_policies
-        } else {
-            &tier.egress_policies
-        };
-        if policies.is_empty() {
-            return Ok(());
-        }
-        let start = rules.len();
-        for pid in policies {
-            // The model's contract guarantees the policy exists; a missing one has no rules.
-            if let Some(pol) = model.policies.get(pid) {
-                let list = if hook == HOOK_TO_WL {
-                    &pol.inbound
-                } else {
-                    &pol.outbound
-                };
-                let owner = format!("policy {} (tier {})", pid, pid.tier);
-                self.rules(list, &owner, hook, refs, rules)?;
-            }
-        }
-        rules.push(Rule {
-            action: if tier.default_action == RuleAction::Pass {
-                ACT_PASS
-            } else {
-                ACT_DENY
-            },
-            jump: JUMP_TO_END,
-            ..Rule::default()
-        });
-        let end = rules.len();
-        resolve_jumps(&mut rules[start..], end);
-        Ok(())
     }
 
     fn rules(

@@ -413,3 +413,40 @@ fn set_ids_are_stable_while_referenced_and_sets_carry_only_ipv4() {
     assert!(to_b(&c1, "10.1.2.3", 1));
     assert!(!to_b(&c1, A, 1));
 }
+
+#[test]
+fn a_recompile_reuses_what_did_not_change() {
+    let mut m = M::new();
+    let web = pid("default", "web");
+    let other = pid("default", "other");
+    m.policy(web.clone(), vec![tcp_port(RuleAction::Allow, 80)], vec![]);
+    m.policy(other.clone(), vec![tcp_port(RuleAction::Allow, 22)], vec![]);
+    m.endpoint(
+        "cali-b",
+        B,
+        vec![tier("default", RuleAction::Deny, &[web.clone()], &[])],
+        &[],
+    );
+    m.endpoint(
+        "cali-c",
+        C,
+        vec![tier("default", RuleAction::Deny, &[other], &[])],
+        &[],
+    );
+    let mut comp = Compiler::default();
+    let c1 = comp.compile(&m.model);
+    // Only `web` changes: c's lists are the very same allocation, b's are rebuilt.
+    m.policy(web, vec![tcp_port(RuleAction::Allow, 443)], vec![]);
+    let c2 = comp.compile(&m.model);
+    for hook in [HOOK_FROM_WL, HOOK_TO_WL] {
+        assert!(Arc::ptr_eq(
+            &c1.endpoints["cali-c"].hooks[hook],
+            &c2.endpoints["cali-c"].hooks[hook]
+        ));
+    }
+    assert!(!Arc::ptr_eq(
+        &c1.endpoints["cali-b"].hooks[HOOK_TO_WL],
+        &c2.endpoints["cali-b"].hooks[HOOK_TO_WL]
+    ));
+    assert!(to_b(&c2, A, 443) && !to_b(&c2, A, 80));
+}

@@ -14,6 +14,7 @@
 //! there.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use margay_calc::{DataplaneModel, WorkloadEndpointId};
 
@@ -59,7 +60,7 @@ struct Written {
     id: WorkloadEndpointId,
     ifindex: u32,
     slot: [u32; 2],
-    rules: [Vec<Rule>; 2],
+    rules: [Arc<Vec<Rule>>; 2],
 }
 
 /// What one sync did (for logs, stats and tests).
@@ -180,7 +181,12 @@ impl Syncer {
             let mut changed = old.is_none();
             for hook in 0..2 {
                 match &old {
-                    Some(o) if o.rules[hook] == ep.hooks[hook] => slot[hook] = o.slot[hook],
+                    Some(o)
+                        if Arc::ptr_eq(&o.rules[hook], &ep.hooks[hook])
+                            || o.rules[hook] == ep.hooks[hook] =>
+                    {
+                        slot[hook] = o.slot[hook]
+                    }
                     _ => {
                         let s = self.alloc_slot();
                         for (idx, r) in ep.hooks[hook].iter().enumerate() {
