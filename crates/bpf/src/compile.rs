@@ -186,6 +186,10 @@ pub struct Compiler {
     policies: HashMap<(PolicyId, usize), (Arc<ResolvedPolicy>, Arc<Frag>)>,
     profiles: HashMap<(String, usize), (Arc<ResolvedProfile>, Arc<Frag>)>,
     endpoints: HashMap<WorkloadEndpointId, EpCache>,
+    /// The model's policies and profiles at the last compile: when none changed, an endpoint
+    /// whose own data did not change is reused without looking at its policies.
+    last_policies: BTreeMap<PolicyId, Arc<ResolvedPolicy>>,
+    last_profiles: BTreeMap<String, Arc<ResolvedProfile>>,
 }
 
 /// A jump target not known yet: the end of the tier or profile being compiled.
@@ -274,7 +278,29 @@ impl Compiler {
         let mut used_profiles = HashSet::new();
         let mut endpoints = HashMap::with_capacity(model.workload_endpoints.len());
         let mut live: BTreeMap<String, SetSource> = BTreeMap::new();
+        // A batch that replaced no policy or profile (membership, endpoints): endpoints with
+        // the same data are reused at once.
+        let same_policies = model.policies.len() == self.last_policies.len()
+            && model
+                .policies
+                .iter()
+                .zip(&self.last_policies)
+                .all(|((a, x), (b, y))| a == b && Arc::ptr_eq(x, y));
+        let same_profiles = model.profiles.len() == self.last_profiles.len()
+            && model
+                .profiles
+                .iter()
+                .zip(&self.last_profiles)
+                .all(|((a, x), (b, y))| a == b && Arc::ptr_eq(x, y));
+        let fast = same_policies && same_profiles;
         for (id, ep) in &model.workload_endpoints {
+            if fast && let Some(c) = self.endpoints.remove(id) {
+                if Arc::ptr_eq(&c.ep, ep) {
+                    self.reuse(id, ep, c, &mut out, &mut live, &mut endpoints);
+                    continue;
+                }
+                self.endpoints.insert(id.clone(), c);
+            }
             let mut frags: [Vec<Arc<Frag>>; 2] = [Vec::new(), Vec::new()];
             for (hook, list) in frags.iter_mut().enumerate() {
                 for tier in &ep.tiers {
@@ -311,29 +337,17 @@ impl Compiler {
                 Some(c) => c,
                 None => self.build_endpoint(model, id, ep, frags),
             };
-            let mut hooks: [Arc<Vec<Rule>>; 2] = [Arc::default(), Arc::default()];
-            for (hook, slot) in hooks.iter_mut().enumerate() {
-                match &entry.hooks[hook] {
-                    Ok(rules) => *slot = rules.clone(),
-                    Err(e) => {
-                        out.errors.push(e.clone());
-                        out.refused_endpoints.insert(id.clone());
-                    }
-                }
-            }
-            live.extend(entry.refs.iter().map(|(k, v)| (k.clone(), v.clone())));
-            out.endpoints.insert(
-                ep.interface.clone(),
-                EndpointRules {
-                    id: id.clone(),
-                    hooks,
-                },
-            );
-            endpoints.insert(id.clone(), entry);
+            self.reuse(id, ep, entry, &mut out, &mut live, &mut endpoints);
         }
         self.endpoints = endpoints;
-        self.policies.retain(|k, _| used_policies.contains(k));
-        self.profiles.retain(|k, _| used_profiles.contains(k));
+        if !fast {
+            // (On the fast path the caches did not change; what an endpoint that left no
+            // longer uses is dropped at the next full pass.)
+            self.policies.retain(|k, _| used_policies.contains(k));
+            self.profiles.retain(|k, _| used_profiles.contains(k));
+            self.last_policies = model.policies.clone();
+            self.last_profiles = model.profiles.clone();
+        }
         for f in self
             .policies
             .values()
@@ -373,6 +387,37 @@ impl Compiler {
         let live: BTreeSet<String> = live.into_keys().collect();
         self.ids.retain(&live);
         out
+    }
+
+    /// Puts an endpoint's (cached or fresh) lists into the output.
+    fn reuse(
+        &self,
+        id: &WorkloadEndpointId,
+        ep: &WorkloadEndpointData,
+        entry: EpCache,
+        out: &mut Compiled,
+        live: &mut BTreeMap<String, SetSource>,
+        endpoints: &mut HashMap<WorkloadEndpointId, EpCache>,
+    ) {
+        let mut hooks: [Arc<Vec<Rule>>; 2] = [Arc::default(), Arc::default()];
+        for (hook, slot) in hooks.iter_mut().enumerate() {
+            match &entry.hooks[hook] {
+                Ok(rules) => *slot = rules.clone(),
+                Err(e) => {
+                    out.errors.push(e.clone());
+                    out.refused_endpoints.insert(id.clone());
+                }
+            }
+        }
+        live.extend(entry.refs.iter().map(|(k, v)| (k.clone(), v.clone())));
+        out.endpoints.insert(
+            ep.interface.clone(),
+            EndpointRules {
+                id: id.clone(),
+                hooks,
+            },
+        );
+        endpoints.insert(id.clone(), entry);
     }
 
     /// A policy's rules for a hook: from the cache while the model holds the same policy.

@@ -424,7 +424,12 @@ fn a_recompile_reuses_what_did_not_change() {
     m.endpoint(
         "cali-b",
         B,
-        vec![tier("default", RuleAction::Deny, &[web.clone()], &[])],
+        vec![tier(
+            "default",
+            RuleAction::Deny,
+            std::slice::from_ref(&web),
+            &[],
+        )],
         &[],
     );
     m.endpoint(
