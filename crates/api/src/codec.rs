@@ -131,6 +131,22 @@ pub fn decode_one(input: &str) -> Result<Resource, String> {
     }
 }
 
+/// Reads one JSON or YAML document as a plain value (a patch), with the same bounds on size,
+/// nesting and aliases as resources.
+pub fn parse_patch_document(input: &str) -> Result<Value, SyntaxError> {
+    let mut values = parse_values(input)?;
+    values.retain(|v| !v.is_null());
+    match values.len() {
+        1 => Ok(values.remove(0)),
+        0 => Err(SyntaxError {
+            message: "it is empty".into(),
+        }),
+        n => Err(SyntaxError {
+            message: format!("expected one document, found {n}"),
+        }),
+    }
+}
+
 /// Decodes a resource from a JSON value (as stored in the datastore).
 pub fn decode_value(value: Value) -> Result<Resource, DecodeError> {
     let kind_name = match value.get("kind") {
@@ -431,7 +447,204 @@ fn decode_with_kind(value: Value, kind_name: &str, prefix: &str) -> Result<Resou
     })?;
     check_api_version(value.get("apiVersion"), prefix)?;
     check_sections(&value, prefix)?;
-    Resource::from_value_of_kind(kind, value).map_err(|e| field_error(&e, prefix))
+    match Resource::from_value_of_kind(kind, value.clone()) {
+        Ok(r) => Ok(r),
+        Err(first) => Err(every_field_error(kind, value, &first, prefix)),
+    }
+}
+
+/// The most type errors reported for one document: enough for any file a person wrote,
+/// and a bound on the decode attempts a hostile one costs.
+const MAX_FIELD_ERRORS: usize = 20;
+
+/// Every type error of a document that does not decode, not just serde's first: the field
+/// at fault is taken out and the document decoded again, until it decodes (then its
+/// validation problems outside the removed fields are added) or a problem cannot be taken
+/// out (a missing field). Paths name the fields as written, even after list items before them
+/// were taken out.
+fn every_field_error(
+    kind: Kind,
+    mut value: Value,
+    first: &serde_path_to_error::Error<serde_json::Error>,
+    prefix: &str,
+) -> DecodeError {
+    let mut errors = Vec::new();
+    let mut removed = RemovedItems::default();
+    let mut removed_paths: Vec<String> = Vec::new();
+    let mut current = Some(first_error_parts(first));
+    while let Some((segments, error)) = current.take() {
+        let original = removed.original(&segments);
+        let error = field_error_at(&error, &original, prefix);
+        let DecodeError::Field { path, message } = &error else {
+            return error;
+        };
+        let is_missing = message == "required field is missing";
+        // A required field taken out for its wrong type: already reported.
+        let taken_out = |p: &str| removed_paths.iter().any(|r| format!("{prefix}{r}") == p);
+        if is_missing && taken_out(path) {
+            break;
+        }
+        errors.push(FieldError {
+            path: path.clone(),
+            message: message.clone(),
+        });
+        if is_missing || errors.len() >= MAX_FIELD_ERRORS || !remove_at(&mut value, &segments) {
+            break;
+        }
+        removed.record(&original);
+        removed_paths.push(render_segments(&original));
+        match Resource::from_value_of_kind(kind, value.clone()) {
+            Err(next) => current = Some(first_error_parts(&next)),
+            Ok(resource) => {
+                if let Err(invalid) = resource.validate() {
+                    let shifted = removed.shifted_lists();
+                    errors.extend(invalid.0.into_iter().filter(|e| {
+                        let p = e.path.strip_prefix(prefix).unwrap_or(&e.path);
+                        !removed_paths.iter().chain(&shifted).any(|r| {
+                            p == r
+                                || p.strip_prefix(r.as_str())
+                                    .is_some_and(|rest| rest.starts_with(['.', '[']))
+                        })
+                    }));
+                }
+            }
+        }
+    }
+    if errors.len() == 1 {
+        let FieldError { path, message } = errors.remove(0);
+        return DecodeError::Field { path, message };
+    }
+    DecodeError::Invalid(ValidationErrors(errors))
+}
+
+/// One step of a path into a document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+fn first_error_parts(e: &serde_path_to_error::Error<serde_json::Error>) -> (Vec<Seg>, String) {
+    use serde_path_to_error::Segment;
+    let segments = e
+        .path()
+        .iter()
+        .filter_map(|s| match s {
+            Segment::Seq { index } => Some(Seg::Index(*index)),
+            Segment::Map { key } => Some(Seg::Key(key.clone())),
+            Segment::Enum { variant } => Some(Seg::Key(variant.clone())),
+            Segment::Unknown => None,
+        })
+        .collect();
+    (segments, e.inner().to_string())
+}
+
+/// Takes the value at `path` out of `value` (a list item, or a mapping's key). False when
+/// there is nothing there to take out.
+fn remove_at(value: &mut Value, path: &[Seg]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut v = value;
+    for seg in parents {
+        v = match (seg, v) {
+            (Seg::Key(k), Value::Object(m)) => match m.get_mut(k) {
+                Some(next) => next,
+                None => return false,
+            },
+            (Seg::Index(i), Value::Array(a)) => match a.get_mut(*i) {
+                Some(next) => next,
+                None => return false,
+            },
+            _ => return false,
+        };
+    }
+    match (last, v) {
+        (Seg::Key(k), Value::Object(m)) => m.remove(k).is_some(),
+        (Seg::Index(i), Value::Array(a)) if *i < a.len() => {
+            a.remove(*i);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The list items taken out so far, by the list's path as written, so that later paths (which
+/// serde reports in the shortened document) can be told as written.
+#[derive(Debug, Default)]
+struct RemovedItems(Vec<(Vec<Seg>, Vec<usize>)>);
+
+impl RemovedItems {
+    fn original(&self, current: &[Seg]) -> Vec<Seg> {
+        let mut out: Vec<Seg> = Vec::with_capacity(current.len());
+        for seg in current {
+            match seg {
+                Seg::Index(i) => {
+                    let mut index = *i;
+                    if let Some((_, gone)) = self.0.iter().find(|(list, _)| *list == out) {
+                        // `gone` is in the order taken out, each as written: every one at or
+                        // before this item's written position shifted it down by one.
+                        let mut sorted = gone.clone();
+                        sorted.sort_unstable();
+                        for g in sorted {
+                            if g <= index {
+                                index += 1;
+                            }
+                        }
+                    }
+                    out.push(Seg::Index(index));
+                }
+                key => out.push(key.clone()),
+            }
+        }
+        out
+    }
+
+    fn record(&mut self, original: &[Seg]) {
+        if let Some((Seg::Index(i), list)) = original.split_last() {
+            match self.0.iter_mut().find(|(l, _)| l.as_slice() == list) {
+                Some((_, gone)) => gone.push(*i),
+                None => self.0.push((list.to_vec(), vec![*i])),
+            }
+        }
+    }
+
+    /// The lists that lost items: validation paths inside them are numbered differently.
+    fn shifted_lists(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .map(|(list, _)| render_segments(list))
+            .collect()
+    }
+}
+
+fn render_segments(segments: &[Seg]) -> String {
+    let mut out = String::new();
+    let mut parent: Option<&str> = None;
+    for seg in segments {
+        match seg {
+            Seg::Index(index) => {
+                out.push_str(&format!("[{index}]"));
+                parent = None;
+            }
+            Seg::Key(key) => {
+                let data_key = parent.is_some_and(|p| FREE_FORM_MAPS.contains(&p));
+                parent = Some(key.as_str());
+                let plain = !data_key
+                    && !key.is_empty()
+                    && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+                if plain {
+                    if !out.is_empty() {
+                        out.push('.');
+                    }
+                    out.push_str(key);
+                } else {
+                    out.push_str(&format!("[{key:?}]"));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// serde would read a list as a struct's fields in order and report a confusing error inside
@@ -488,9 +701,14 @@ fn suggest_kind(name: &str) -> Option<String> {
 
 /// Turns serde's error for a field into a path and a message an operator can act on.
 fn field_error(e: &serde_path_to_error::Error<serde_json::Error>, prefix: &str) -> DecodeError {
+    let (segments, raw) = first_error_parts(e);
+    field_error_at(&raw, &segments, prefix)
+}
+
+fn field_error_at(raw: &str, segments: &[Seg], prefix: &str) -> DecodeError {
     let mut path = String::from(prefix);
-    path.push_str(&render_path(e.path()));
-    let raw = e.inner().to_string();
+    path.push_str(&render_segments(segments));
+    let raw = raw.to_string();
     // serde says "unknown field `x`, expected one of `a`, `b`": name the field in the path and
     // suggest the closest valid name.
     if let Some(rest) = raw.strip_prefix("unknown field `")
@@ -539,44 +757,6 @@ const FREE_FORM_MAPS: [&str; 6] = [
     "environmentVars",
 ];
 
-fn render_path(path: &serde_path_to_error::Path) -> String {
-    use serde_path_to_error::Segment;
-    let mut out = String::new();
-    let mut parent: Option<&str> = None;
-    for seg in path.iter() {
-        match seg {
-            Segment::Seq { index } => {
-                out.push_str(&format!("[{index}]"));
-                parent = None;
-            }
-            Segment::Map { key } => {
-                let data_key = parent.is_some_and(|p| FREE_FORM_MAPS.contains(&p));
-                parent = Some(key.as_str());
-                let plain = !data_key
-                    && !key.is_empty()
-                    && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-                if plain {
-                    if !out.is_empty() {
-                        out.push('.');
-                    }
-                    out.push_str(key);
-                } else {
-                    out.push_str(&format!("[{key:?}]"));
-                }
-            }
-            Segment::Enum { variant } => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(variant);
-            }
-            Segment::Unknown => {}
-        }
-    }
-    // serde_path_to_error reports "." for the root.
-    if out == "." { String::new() } else { out }
-}
-
 fn failed(position: DocPosition, value: &Value, error: DecodeError) -> Decoded {
     decoded(position, value, Err(error))
 }
@@ -597,9 +777,11 @@ fn decoded(position: DocPosition, value: &Value, result: Result<Resource, Decode
 #[error("cannot encode resource: {0}")]
 pub struct EncodeError(String);
 
-/// One resource as YAML.
+/// One resource (or any document) as YAML, laid out and quoted as calicoctl's
+/// ([`crate::yaml_out`]).
 pub fn to_yaml<T: Serialize>(resource: &T) -> Result<String, EncodeError> {
-    serde_norway::to_string(resource).map_err(|e| EncodeError(e.to_string()))
+    let value = serde_json::to_value(resource).map_err(|e| EncodeError(e.to_string()))?;
+    Ok(crate::yaml_out::to_yaml_string(&value))
 }
 
 /// One resource as JSON, indented when `pretty`.

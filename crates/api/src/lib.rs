@@ -24,6 +24,7 @@ pub mod policy;
 pub mod resource;
 pub mod suggest;
 pub mod validate;
+pub mod yaml_out;
 
 pub use codec::{DecodeError, Decoded, DocPosition, SyntaxError, decode_documents, decode_one};
 pub use meta::ObjectMeta;

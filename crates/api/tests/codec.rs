@@ -200,3 +200,71 @@ fn type_meta_is_canonical_after_decoding() {
     assert_eq!(t.api_version, "projectcalico.org/v3");
     assert_eq!(t.kind, "Tier");
 }
+
+fn messages(input: &str) -> Vec<String> {
+    let docs = decode_documents(input).unwrap();
+    assert_eq!(docs.len(), 1);
+    docs[0].result.as_ref().expect_err("invalid").messages()
+}
+
+/// An operator sees every type error of a document at once, not one per attempt.
+#[test]
+fn every_type_error_of_a_document_is_reported() {
+    let input = "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: p}\nspec:\n  cidr: 10.0.0.0/16\n  blockSize: many\n  natOutgoing: perhaps\n  disabled: [no]\n";
+    let m = messages(input);
+    assert_eq!(m.len(), 3, "{m:?}");
+    // In the order of the fields' names (documents are read into sorted maps).
+    assert!(m[0].starts_with("spec.blockSize: "), "{m:?}");
+    assert!(m[1].starts_with("spec.disabled: "), "{m:?}");
+    assert!(m[2].starts_with("spec.natOutgoing: "), "{m:?}");
+}
+
+/// List items taken out to go on decoding do not renumber the ones after them: the paths
+/// are the items' positions as written.
+#[test]
+fn type_errors_in_list_items_keep_their_written_positions() {
+    let input = "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata: {name: p}\nspec:\n  ingress:\n  - action: Allow\n    protocol: TCP\n    destination:\n      ports: [80, true, 443, [1], 8080]\n  - action: [Deny]\n";
+    let m = messages(input);
+    assert_eq!(m.len(), 3, "{m:?}");
+    assert!(
+        m[0].starts_with("spec.ingress[0].destination.ports[1]: "),
+        "{m:?}"
+    );
+    assert!(
+        m[1].starts_with("spec.ingress[0].destination.ports[3]: "),
+        "{m:?}"
+    );
+    assert!(m[2].starts_with("spec.ingress[1].action: "), "{m:?}");
+}
+
+/// Once the type errors are out of the way, the document's other problems are listed too;
+/// a missing required field ends the list (nothing can stand in for it).
+#[test]
+fn type_errors_then_validation_problems_in_one_report() {
+    let input = "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: p}\nspec:\n  cidr: 10.0.0.0/16\n  blockSize: 99\n  natOutgoing: perhaps\n";
+    let m = messages(input);
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert!(m[0].starts_with("spec.natOutgoing: "), "{m:?}");
+    assert!(m[1].starts_with("spec.blockSize: "), "{m:?}");
+    // One type error alone stays the single error it always was.
+    let one = "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: p}\nspec:\n  cidr: 10.0.0.0/16\n  natOutgoing: perhaps\n";
+    let docs = decode_documents(one).unwrap();
+    assert!(matches!(
+        docs[0].result,
+        Err(DecodeError::Field { ref path, .. }) if path == "spec.natOutgoing"
+    ));
+}
+
+/// A hostile document with thousands of wrong fields costs a bounded number of attempts.
+#[test]
+fn type_errors_are_bounded_per_document() {
+    let mut input = String::from(
+        "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkSet\nmetadata: {name: s}\nspec:\n  nets:\n",
+    );
+    for _ in 0..5000 {
+        input.push_str("  - [1]\n");
+    }
+    let m = messages(&input);
+    assert_eq!(m.len(), 20, "{}", m.len());
+    assert!(m[19].starts_with("spec.nets[19]: "), "{m:?}");
+}

@@ -21,6 +21,8 @@ pub(crate) struct Connection<B> {
     /// The Kubernetes datastore, where some kinds are derived from Kubernetes objects and
     /// `margay ctl` must not write them.
     pub kubernetes: bool,
+    /// Something the operator should know about where the data came from (stderr).
+    pub note: Option<String>,
 }
 
 /// Why no connection could be made, and the exit code to report it with.
@@ -36,6 +38,9 @@ pub(crate) struct ConnectFailure {
 pub(crate) enum Access {
     MayCreate,
     Existing,
+    /// Reading only (`get`): an embedded store nothing has been written to yet reads as an
+    /// empty one, as a fresh etcd does.
+    Read,
 }
 
 /// Opens the datastore for a command. The real implementation reads the configuration; tests
@@ -71,10 +76,24 @@ impl Connector for EnvConnector {
             message: format!("cannot reach the datastore ({describe}): {reason}"),
             code: EXIT_INVALID,
         };
+        if access == Access::Read
+            && cfg.datastore_type == margay_datastore::DatastoreType::Local
+            && could_be_created(&cfg.local_path)
+        {
+            return Ok(Connection {
+                client: Client::new(AnyBackend::Mem(margay_datastore::MemBackend::new())),
+                note: Some(format!(
+                    "note: nothing has been stored at {} yet (DATASTORE_PATH); it reads as empty",
+                    cfg.local_path.display()
+                )),
+                describe,
+                kubernetes,
+            });
+        }
         let open = async {
             match access {
                 Access::MayCreate => cfg.connect().await,
-                Access::Existing => cfg.connect_existing().await,
+                Access::Existing | Access::Read => cfg.connect_existing().await,
             }
         };
         let backend = match tokio::time::timeout(REACH_TIMEOUT, open).await {
@@ -93,8 +112,22 @@ impl Connector for EnvConnector {
             client: Client::new(backend),
             describe,
             kubernetes,
+            note: None,
         })
     }
+}
+
+/// An embedded store that does not exist yet but could (its nearest existing ancestor is a
+/// directory): nothing has been written to it. A path that can never hold a store (under a
+/// regular file) is not one: opening it reports why.
+fn could_be_created(path: &Path) -> bool {
+    if path.exists() {
+        return false;
+    }
+    path.ancestors()
+        .skip(1)
+        .find(|a| a.exists())
+        .is_some_and(Path::is_dir)
 }
 
 /// The reason without the "datastore unavailable"/"invalid" prefix the message already says.
@@ -161,7 +194,12 @@ pub(crate) async fn connect_or_report<C: Connector>(
     err: &mut dyn Write,
 ) -> std::io::Result<Result<Connection<C::Backend>, u8>> {
     match connector.connect(config, access).await {
-        Ok(c) => Ok(Ok(c)),
+        Ok(c) => {
+            if let Some(note) = &c.note {
+                writeln!(err, "{note}")?;
+            }
+            Ok(Ok(c))
+        }
         Err(f) => {
             writeln!(err, "error: {}", f.message)?;
             Ok(Err(f.code))

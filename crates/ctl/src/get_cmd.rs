@@ -22,8 +22,8 @@ pub struct GetArgs {
     /// The kind to show (singular, plural or short form: ippools, gnp, networkpolicy, wep, ...).
     /// `networkpolicies.networking.k8s.io` (or `netpol`) shows the policies converted from
     /// Kubernetes NetworkPolicies, and takes their Kubernetes names.
-    #[arg(value_name = "KIND")]
-    pub kind: String,
+    #[arg(value_name = "KIND", required_unless_present = "filename")]
+    pub kind: Option<String>,
     /// Show only these resources (default: all of the kind).
     #[arg(value_name = "NAME")]
     pub names: Vec<String>,
@@ -45,6 +45,19 @@ pub struct GetArgs {
     /// namespace) of named resources, to copy them elsewhere.
     #[arg(long)]
     pub export: bool,
+    /// Show the resources a file names (calicoctl's `get -f`): each document with a name is
+    /// read by that name, one without is a listing of its kind. `-` reads standard input; a
+    /// directory's .yaml, .yml and .json files are read (with -R, its subdirectories' too).
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE",
+        conflicts_with_all = ["kind", "names", "all_namespaces", "selector"]
+    )]
+    pub filename: Vec<std::path::PathBuf>,
+    /// With -f DIR: read subdirectories too.
+    #[arg(short = 'R', long, requires = "filename")]
+    pub recursive: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +111,10 @@ pub(crate) async fn run<C: Connector>(
         writeln!(err, "error: {m}")?;
         Ok(EXIT_USAGE)
     };
-    let kind_arg = match parse_kind_arg(&a.kind) {
+    let Some(kind_name) = a.kind.as_deref() else {
+        return Box::pin(run_files(a, config, out, err, connector)).await;
+    };
+    let kind_arg = match parse_kind_arg(kind_name) {
         Ok(k) => k,
         Err(e) => return usage(err, &e),
     };
@@ -130,7 +146,7 @@ pub(crate) async fn run<C: Connector>(
     if a.names.iter().any(String::is_empty) {
         return usage(err, "resource name may not be empty");
     }
-    let conn = match connect_or_report(connector, config, Access::Existing, err).await? {
+    let conn = match connect_or_report(connector, config, Access::Read, err).await? {
         Ok(c) => c,
         Err(code) => return Ok(code),
     };
@@ -250,6 +266,151 @@ pub(crate) async fn run<C: Connector>(
     } else {
         EXIT_INVALID
     })
+}
+
+/// `get -f`: one get per document, printed as calicoctl prints several results: a table (or
+/// names) per document, and for YAML and JSON one sequence of them (a single result as itself).
+async fn run_files<C: Connector>(
+    a: &GetArgs,
+    config: Option<&Path>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    connector: &C,
+) -> std::io::Result<u8> {
+    let mut requests = Vec::new();
+    let mut code = EXIT_OK;
+    let mut texts = Vec::new();
+    for file in &a.filename {
+        if file.as_os_str() == "-" {
+            let mut stdin = std::io::stdin().lock();
+            match crate::input::read_bounded(&mut stdin) {
+                Ok(t) => texts.push(("<stdin>".to_string(), t)),
+                Err(e) => {
+                    writeln!(err, "error: cannot read standard input: {e}")?;
+                    return Ok(EXIT_USAGE);
+                }
+            }
+            continue;
+        }
+        let paths = match crate::input::expand(file, a.recursive) {
+            Ok(p) => p,
+            Err(e) => {
+                writeln!(err, "error: cannot read {}: {e}", file.display())?;
+                return Ok(EXIT_USAGE);
+            }
+        };
+        for p in paths {
+            match crate::input::read_file(&p) {
+                Ok(t) => texts.push((p.display().to_string(), t)),
+                Err(e) => {
+                    writeln!(err, "error: cannot read {}: {e}", p.display())?;
+                    return Ok(EXIT_USAGE);
+                }
+            }
+        }
+    }
+    for (label, text) in &texts {
+        let docs = match margay_api::codec::decode_documents(text) {
+            Ok(d) => d,
+            Err(e) => {
+                writeln!(err, "{}", crate::input::clip_line(&format!("{label}: {e}")))?;
+                return Ok(EXIT_USAGE);
+            }
+        };
+        if docs.is_empty() {
+            writeln!(err, "error: no resources specified in file {label}")?;
+            code = EXIT_INVALID;
+        }
+        // Only the kind, name and namespace matter: a document need not be valid to name one.
+        for d in docs {
+            let Some(kind) = d.kind.clone() else {
+                writeln!(err, "{label} [{}]: kind: missing", d.position)?;
+                code = EXIT_INVALID;
+                continue;
+            };
+            let namespace = match (
+                d.namespace.as_deref().filter(|n| !n.is_empty()),
+                a.namespace.as_deref(),
+            ) {
+                (Some(doc), Some(flag)) if doc != flag => {
+                    writeln!(
+                        err,
+                        "{label} [{}]: resource namespace does not match client namespace. {doc} != {flag}",
+                        d.position
+                    )?;
+                    code = EXIT_INVALID;
+                    continue;
+                }
+                (Some(doc), _) => Some(doc.to_string()),
+                (None, flag) => flag.map(str::to_string),
+            };
+            requests.push(GetArgs {
+                kind: Some(kind),
+                names: d
+                    .name
+                    .clone()
+                    .into_iter()
+                    .filter(|n| !n.is_empty())
+                    .collect(),
+                namespace,
+                all_namespaces: false,
+                output: a.output.clone(),
+                selector: None,
+                export: a.export,
+                filename: Vec::new(),
+                recursive: false,
+            });
+        }
+    }
+    let structured = matches!(parse_output(&a.output), Ok(Output::Yaml | Output::Json));
+    let mut results = Vec::new();
+    for r in &requests {
+        let mut buf = Vec::new();
+        let c = run(r, config, &mut buf, err, connector).await?;
+        if c == EXIT_USAGE {
+            return Ok(c);
+        }
+        if c != EXIT_OK {
+            code = EXIT_INVALID;
+        }
+        results.push(buf);
+    }
+    if !structured || results.len() == 1 {
+        for r in results {
+            out.write_all(&r)?;
+        }
+        return Ok(code);
+    }
+    // Several results: one sequence of them.
+    let mut values = Vec::new();
+    for r in &results {
+        if r.is_empty() {
+            continue;
+        }
+        match margay_api::codec::parse_patch_document(&String::from_utf8_lossy(r)) {
+            Ok(v) => values.push(v),
+            Err(e) => {
+                writeln!(err, "cannot encode the output: {e}")?;
+                return Ok(EXIT_INVALID);
+            }
+        }
+    }
+    let seq = Value::Array(values);
+    let text = if parse_output(&a.output) == Ok(Output::Yaml) {
+        to_yaml(&seq).map_err(|e| e.to_string())
+    } else {
+        to_json(&seq, true)
+            .map(|s| s + "\n")
+            .map_err(|e| e.to_string())
+    };
+    match text {
+        Ok(t) => write!(out, "{t}")?,
+        Err(e) => {
+            writeln!(err, "cannot encode the output: {e}")?;
+            code = EXIT_INVALID;
+        }
+    }
+    Ok(code)
 }
 
 fn list_reason(e: &DatastoreError, describe: &str) -> String {

@@ -203,7 +203,7 @@ fn check_text(
 /// followed, but no directory is entered and no file is listed twice (a link back up the tree
 /// would otherwise repeat it until the path is too long), and at most [`MAX_WALK_DEPTH`]
 /// directories deep.
-fn expand(path: &Path, recursive: bool) -> std::io::Result<Vec<PathBuf>> {
+pub(crate) fn expand(path: &Path, recursive: bool) -> std::io::Result<Vec<PathBuf>> {
     let meta = std::fs::metadata(path)?;
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);

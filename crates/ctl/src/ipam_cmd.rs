@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use margay_api::net::Cidr;
@@ -30,10 +30,30 @@ pub enum IpamCommand {
     /// Leaked means allocated while no WorkloadEndpoint or node tunnel address uses it.
     /// Exits 1 if any problem was found, 0 if IPAM is consistent.
     Check(CheckArgs),
-    /// Release an address that IPAM has allocated (e.g. one `ipam check` reported leaked).
-    #[command(after_help = "Example:
-  margay ctl ipam release --ip 10.65.0.7")]
+    /// Release an address that IPAM has allocated (e.g. one `ipam check` reported leaked), or
+    /// every address and handle that reports written by `ipam check -o` all found leaked.
+    ///
+    /// With --from-report (calicoctl's IPAM-leak runbook): the reports must come from this
+    /// cluster, at least one must have been written after the datastore was locked (and not
+    /// changed since), and the datastore must still be locked (--force: proceed unlocked or
+    /// with another version's report). Each address is released only if its block's sequence
+    /// number is still the report's, each handle deleted only if its revision is: anything
+    /// reused since the report is left alone. Exits 1 if any release failed.
+    #[command(after_help = "Examples:
+  margay ctl ipam release --ip 10.65.0.7
+
+  # The IPAM-leak runbook.
+  margay ctl datastore migrate lock
+  margay ctl ipam check -o report.json
+  margay ctl ipam release --from-report report.json
+  margay ctl datastore migrate unlock")]
     Release(ReleaseArgs),
+    /// Change the IPAM configuration (IPAMConfiguration `default`): strict affinity, blocks
+    /// per host.
+    #[command(after_help = "Examples:
+  margay ctl ipam configure --strictaffinity=true
+  margay ctl ipam configure --max-blocks-per-host=4")]
+    Configure(ConfigureArgs),
 }
 
 #[derive(Debug, Args)]
@@ -51,13 +71,51 @@ pub struct CheckArgs {
     /// Also list every allocation of every block.
     #[arg(long)]
     pub show_all_ips: bool,
+    /// Accepted for calicoctl's runbooks; margay always lists the addresses with a problem.
+    #[arg(long)]
+    pub show_problem_ips: bool,
+    /// Write a report (calicoctl's JSON format) for `ipam release --from-report`.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Accepted for calicoctl compatibility (margay reads no Services for the check).
+    #[arg(long, value_name = "KUBECONFIG", hide = true)]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["ip", "from_report"])))]
 pub struct ReleaseArgs {
     /// The address to release.
-    #[arg(long, value_name = "IP", required = true)]
-    pub ip: String,
+    #[arg(long, value_name = "IP")]
+    pub ip: Option<String>,
+    /// Release what this report (from `ipam check -o`) found leaked; repeat to release only
+    /// what every report found.
+    #[arg(long = "from-report", value_name = "REPORT", conflicts_with = "ip")]
+    pub from_report: Vec<PathBuf>,
+    /// With --from-report: release even though the datastore is not locked or the report
+    /// was written by another version.
+    #[arg(long, requires = "from_report")]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("setting").required(true).multiple(true).args(["strict_affinity", "max_blocks_per_host"])))]
+pub struct ConfigureArgs {
+    /// Only ever assign addresses from blocks affine to the node (no borrowing).
+    #[arg(long = "strictaffinity", value_name = "true|false", value_parser = parse_go_bool)]
+    pub strict_affinity: Option<bool>,
+    /// The most blocks one node may claim (0: no limit beyond the default).
+    #[arg(long = "max-blocks-per-host", value_name = "N")]
+    pub max_blocks_per_host: Option<u32>,
+}
+
+/// Go's ParseBool spellings, as calicoctl accepts them.
+fn parse_go_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err("invalid value. Use true or false to set strictaffinity".into()),
+    }
 }
 
 /// Go's `%.5g` of an integer count, as calicoctl prints its utilization.
@@ -192,13 +250,15 @@ where
     // Arguments first: a typo needs no datastore.
     let ip = match cmd {
         IpamCommand::Show(ShowArgs { ip: Some(ip), .. })
-        | IpamCommand::Release(ReleaseArgs { ip }) => match margay_api::net::parse_ip(ip) {
-            Ok(ip) => Some(ip),
-            Err(e) => {
-                writeln!(err, "error: --ip {ip:?} is not an IP address: {e}")?;
-                return Ok(EXIT_USAGE);
+        | IpamCommand::Release(ReleaseArgs { ip: Some(ip), .. }) => {
+            match margay_api::net::parse_ip(ip) {
+                Ok(ip) => Some(ip),
+                Err(e) => {
+                    writeln!(err, "error: --ip {ip:?} is not an IP address: {e}")?;
+                    return Ok(EXIT_USAGE);
+                }
             }
-        },
+        }
         _ => None,
     };
     let conn = match connect_or_report(connector, config, Access::Existing, err).await? {
@@ -212,10 +272,22 @@ where
             None => show(&ipam, a.show_blocks, out, err).await,
         },
         IpamCommand::Check(a) => check(&ipam, &conn.client, a, out, err).await,
+        IpamCommand::Release(a) if !a.from_report.is_empty() => {
+            crate::ipam_report::release_from_reports(
+                &ipam,
+                &conn.client,
+                &a.from_report,
+                a.force,
+                out,
+                err,
+            )
+            .await
+        }
         IpamCommand::Release(_) => match ip {
             Some(ip) => release(&ipam, &conn.client, ip, out, err).await,
             None => Ok(EXIT_USAGE),
         },
+        IpamCommand::Configure(a) => configure(&ipam, &conn.client, a, out, err).await,
     }
 }
 
@@ -509,7 +581,85 @@ async fn check<B: KvBackend + Clone>(
             "Release a leaked address with `margay ctl ipam release --ip ADDR`."
         )?;
     }
+    if let Some(path) = &a.output {
+        let written = async {
+            let ci = crate::cluster_cmd::cluster_information(client)
+                .await
+                .map_err(|e| format!("reading ClusterInformation: {e}"))?;
+            let leaked =
+                crate::ipam_report::leaked_handles(client.backend(), &report.stale_handles)
+                    .await
+                    .map_err(|e| format!("reading IPAM handles: {e}"))?;
+            let r = crate::ipam_report::build_report(ci.as_ref(), &blocks, &users, leaked);
+            crate::ipam_report::write_report(path, &r)
+        };
+        match written.await {
+            Ok(()) => writeln!(out, "Report written to {}.", path.display())?,
+            Err(e) => {
+                writeln!(err, "error: {e}")?;
+                return Ok(EXIT_INVALID);
+            }
+        }
+    }
     Ok(if problems == 0 { EXIT_OK } else { EXIT_INVALID })
+}
+
+async fn configure<B: KvBackend + Clone>(
+    ipam: &Ipam<B>,
+    client: &Client<B>,
+    a: &ConfigureArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> std::io::Result<u8> {
+    use margay_api::ResourceKey;
+    let key = ResourceKey {
+        kind: Kind::IPAMConfiguration,
+        namespace: String::new(),
+        name: "default".into(),
+    };
+    // The resource if it exists; else one holding the configuration in effect (Calico's v1
+    // key, or the defaults), so that setting one option changes nothing else.
+    let mut config = match client.get(&key).await {
+        Ok(Resource::IPAMConfiguration(c)) => c,
+        Ok(_) | Err(margay_datastore::DatastoreError::NotFound { .. }) => {
+            let current = match ipam.config().await {
+                Ok(c) => c,
+                Err(e) => return ipam_failure(err, &e),
+            };
+            let meta = margay_api::ObjectMeta {
+                name: "default".into(),
+                ..Default::default()
+            };
+            let mut c = margay_api::IPAMConfiguration::new(meta, Default::default());
+            c.spec.strict_affinity = current.strict_affinity;
+            c.spec.auto_allocate_blocks = current.auto_allocate_blocks;
+            if current.max_blocks_per_host > 0 {
+                c.spec.max_blocks_per_host = i64::try_from(current.max_blocks_per_host).ok();
+            }
+            c
+        }
+        Err(e) => {
+            writeln!(err, "error: {e}")?;
+            return Ok(EXIT_INVALID);
+        }
+    };
+    if let Some(v) = a.strict_affinity {
+        config.spec.strict_affinity = v;
+    }
+    if let Some(n) = a.max_blocks_per_host {
+        config.spec.max_blocks_per_host = Some(i64::from(n));
+    }
+    if let Err(e) = client.apply(Resource::IPAMConfiguration(config)).await {
+        writeln!(err, "error: {e}")?;
+        return Ok(EXIT_INVALID);
+    }
+    if let Some(v) = a.strict_affinity {
+        writeln!(out, "Successfully set StrictAffinity to: {v}")?;
+    }
+    if let Some(n) = a.max_blocks_per_host {
+        writeln!(out, "Successfully set MaxBlocksPerHost to: {n}")?;
+    }
+    Ok(EXIT_OK)
 }
 
 async fn release<B: KvBackend + Clone>(

@@ -13,13 +13,18 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 
+mod cluster_cmd;
 mod datastore;
 mod get_cmd;
 mod input;
 mod ipam_cmd;
+mod ipam_report;
 mod kinds;
 mod label_cmd;
+mod migrate_cmd;
 mod node_cmd;
+mod node_system;
+mod patch_cmd;
 mod report;
 mod selector_cmd;
 mod table;
@@ -29,6 +34,7 @@ mod write_cmd;
 #[cfg(test)]
 mod tests;
 
+pub use cluster_cmd::set_git_commit;
 use datastore::{Connector, EnvConnector};
 
 /// Exit code of a successful command.
@@ -146,18 +152,41 @@ pub enum CtlCommand {
     /// Check projectcalico.org/v3 resource files (and Kubernetes NetworkPolicies) without
     /// applying them.
     ///
-    /// Every document of every file is decoded and validated; each problem is printed on its
-    /// own line as `FILE [document N] KIND/NAME: FIELD.PATH: what is wrong`. Exits 1 if any
-    /// document is invalid, 0 if all are valid, 2 if a file cannot be read.
-    #[command(after_help = "Example:
-  margay ctl validate -f ./pools.yaml -f ./policies.yaml")]
+    /// Every document of every file is decoded and validated, and every problem of each is
+    /// reported in one pass (type errors, up to 20 per document, then the validation
+    /// problems), each on its own line as `FILE [document N] KIND/NAME: FIELD.PATH: what is
+    /// wrong`. Exits 1 if any document is invalid, 0 if all are valid, 2 if a file cannot be
+    /// read.
+    #[command(after_help = "Examples:
+  margay ctl validate -f ./pools.yaml -f ./policies.yaml
+
+  # Every .yaml, .yml and .json file under a directory tree.
+  margay ctl validate -f ./calico/ -R")]
     Validate(validate_cmd::ValidateArgs),
     /// IP address management: utilization, consistency check, releasing an address.
     #[command(subcommand)]
     Ipam(ipam_cmd::IpamCommand),
-    /// This node: its BGP sessions (`node status`).
+    /// This node: its BGP sessions (`node status`), whether it can run margay
+    /// (`node checksystem`), a diagnostics bundle (`node diags`).
     #[command(subcommand)]
     Node(node_cmd::NodeCommand),
+    /// Change fields of one resource with a JSON merge patch (calicoctl's strategic merge
+    /// patch: Calico's resources have no list merge keys, so lists are replaced whole).
+    ///
+    /// The resource is read, patched, validated and written back as a compare-and-swap on
+    /// the version read: a concurrent change is never lost.
+    #[command(after_help = "Examples:
+  margay ctl patch ippool default-ipv4-ippool -p '{\"spec\":{\"natOutgoing\":false}}'
+  margay ctl patch node node1 -p '{\"spec\":{\"bgp\":{\"routeReflectorClusterID\":\"224.0.0.1\"}}}'
+  margay ctl patch networkpolicy allow-dns -n prod -p '{\"spec\":{\"order\":100}}'")]
+    Patch(patch_cmd::PatchArgs),
+    /// This client's version and commit, and the cluster's (ClusterInformation
+    /// `calicoVersion` and `clusterType`).
+    Version(cluster_cmd::VersionArgs),
+    /// The datastore as a whole: `migrate lock|unlock|export|import` (moving from etcd to the
+    /// Kubernetes datastore, as calicoctl does).
+    #[command(subcommand)]
+    Datastore(cluster_cmd::DatastoreCommand),
 }
 
 /// How the command may talk to the operator beyond its output streams.
@@ -220,6 +249,26 @@ pub(crate) fn run_with<C: Connector>(
         CtlCommand::Label(a) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
             rt.block_on(label_cmd::run(&a, config, out, err, connector))
         }),
+        CtlCommand::Patch(a) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
+            rt.block_on(patch_cmd::run(&a, config, out, err, connector))
+        }),
+        CtlCommand::Version(a) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
+            rt.block_on(cluster_cmd::version(&a, config, out, err, connector))
+        }),
+        CtlCommand::Datastore(cluster_cmd::DatastoreCommand::Migrate(
+            cluster_cmd::MigrateCommand::Export,
+        )) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
+            rt.block_on(migrate_cmd::export(config, out, err, connector))
+        }),
+        CtlCommand::Datastore(cluster_cmd::DatastoreCommand::Migrate(
+            cluster_cmd::MigrateCommand::Import(a),
+        )) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
+            rt.block_on(migrate_cmd::import(&a, config, stdin, out, err, connector))
+        }),
+        CtlCommand::Datastore(cluster_cmd::DatastoreCommand::Migrate(m)) => datastore::runtime(err)
+            .map_or(Ok(EXIT_USAGE), |rt| {
+                rt.block_on(cluster_cmd::migrate(&m, config, out, err, connector))
+            }),
         CtlCommand::Ipam(c) => datastore::runtime(err).map_or(Ok(EXIT_USAGE), |rt| {
             rt.block_on(ipam_cmd::run(&c, config, out, err, connector))
         }),

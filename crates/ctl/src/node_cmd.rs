@@ -1,5 +1,5 @@
 //! `margay ctl node status`: this node's BGP sessions as BIRD reports them (calicoctl's
-//! `node status`).
+//! `node status`); `checksystem` and `diags` live in `node_system`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -21,6 +21,23 @@ pub enum NodeCommand {
   margay ctl node status
   margay ctl node status --bird-socket /var/run/margay/lab/lab/nodes/node1/bird.ctl -o json")]
     Status(StatusArgs),
+    /// Check that this machine's kernel and programs have what margay needs (nftables, NAT,
+    /// connection tracking, veth; VXLAN, IPv6 and BPF for the backends that use them).
+    ///
+    /// Exits 1 if something required is missing; a feature only some backends use is a
+    /// warning.
+    #[command(
+        name = "checksystem",
+        after_help = "Example:
+  margay ctl node checksystem
+  margay ctl node checksystem --kernel-config /boot/config-$(uname -r)"
+    )]
+    CheckSystem(crate::node_system::CheckSystemArgs),
+    /// Collect what support needs into a tarball: routes, addresses, the nftables ruleset,
+    /// sockets, conntrack statistics, the units' journal, Felix's status and margay's logs.
+    #[command(after_help = "Example:
+  margay ctl node diags --log-dir /var/log/calico")]
+    Diags(crate::node_system::DiagsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -120,7 +137,11 @@ pub(crate) fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> std::io::Result<u8> {
-    let NodeCommand::Status(a) = cmd;
+    let a = match cmd {
+        NodeCommand::Status(a) => a,
+        NodeCommand::CheckSystem(a) => return crate::node_system::checksystem(a, out, err),
+        NodeCommand::Diags(a) => return crate::node_system::diags(a, out, err),
+    };
     if !matches!(a.output.as_str(), "table" | "json") {
         writeln!(err, "-o {:?}: use table or json", a.output)?;
         return Ok(EXIT_USAGE);

@@ -29,6 +29,7 @@ impl Connector for MemConnector {
             client: self.client.clone(),
             describe: "in-memory datastore".to_string(),
             kubernetes: false,
+            note: None,
         })
     }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 use margay_api::codec::decode_documents;
 
-use crate::input::{clip_line, read_bounded, read_file};
+use crate::input::{clip_line, expand, read_bounded, read_file};
 use crate::{EXIT_INVALID, EXIT_OK, EXIT_USAGE};
 
 #[derive(Debug, Args)]
@@ -15,6 +15,10 @@ pub struct ValidateArgs {
     /// standard input. Repeat to check several files.
     #[arg(short = 'f', long = "filename", value_name = "FILE", required = true)]
     pub files: Vec<PathBuf>,
+    /// A directory's .yaml, .yml and .json files are read; with -R, those of its
+    /// subdirectories too.
+    #[arg(short = 'R', long = "recursive")]
+    pub recursive: bool,
 }
 
 pub fn run(
@@ -26,7 +30,30 @@ pub fn run(
     let mut documents = 0usize;
     let mut invalid = 0usize;
     let mut unreadable = false;
+    let mut paths = Vec::new();
     for file in &args.files {
+        if file.as_os_str() == "-" {
+            paths.push(file.clone());
+            continue;
+        }
+        match expand(file, args.recursive) {
+            Ok(found) if found.is_empty() => {
+                writeln!(
+                    out,
+                    "{}: no resources specified in directory (no .yaml, .yml or .json files)",
+                    file.display()
+                )?;
+                documents += 1;
+                invalid += 1;
+            }
+            Ok(found) => paths.extend(found),
+            Err(e) => {
+                writeln!(err, "error: cannot read {}: {e}", file.display())?;
+                unreadable = true;
+            }
+        }
+    }
+    for file in &paths {
         let (label, text) = if file.as_os_str() == "-" {
             match read_bounded(stdin) {
                 Ok(s) => ("<stdin>".to_string(), s),

@@ -2,26 +2,38 @@
 //! invoked as, e.g. a `calicoctl` symlink). No logic of its own lives here.
 #![forbid(unsafe_code)]
 
+mod docs;
 mod syslog;
 
 use std::io::{self, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+/// `margay --version`: the release, the commit it was built from and that commit's date.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("MARGAY_GIT_COMMIT"),
+    ", ",
+    env!("MARGAY_COMMIT_DATE"),
+    ")"
+);
 
 /// margay: Kubernetes node networking and network policy, compatible with Project Calico.
 #[derive(Debug, Parser)]
 #[command(
     name = "margay",
-    version,
+    version = VERSION,
     about = "margay: Kubernetes node networking and network policy, compatible with Project Calico",
     long_about = None,
     propagate_version = true
 )]
 struct Cli {
-    /// Log level for diagnostics on stderr: error, warn, info, debug or trace. Defaults to
-    /// the role's own setting (calico-node's CALICO_STARTUP_LOGLEVEL for `node`), else warn.
+    /// Log level for diagnostics on stderr: panic, fatal, error, warning, info, debug, trace or
+    /// none (Calico's names, any case), or a filter like `info,margay_felix=debug`. Defaults
+    /// to the role's own setting (calico-node's CALICO_STARTUP_LOGLEVEL for `node`), else warn.
     #[arg(long, global = true, value_name = "LEVEL", env = "MARGAY_LOG_LEVEL")]
     log_level: Option<String>,
 
@@ -53,9 +65,27 @@ enum Role {
     /// of deleted nodes, and in etcd mode the copies of Kubernetes policies, namespaces, service
     /// accounts and pod labels.
     KubeControllers(margay_kube_controllers::cli::KubeControllersArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(after_help = "Examples:\n  \
+        margay completion bash > /etc/bash_completion.d/margay\n  \
+        margay completion zsh > \"${fpath[1]}/_margay\"\n  \
+        margay completion fish > ~/.config/fish/completions/margay.fish")]
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages for every command (margay(1), margay-felix(8), margay-ctl-get(1), ...).
+    #[command(after_help = "Example:\n  margay man --dir /usr/local/share/man/man8 \
+        (daemons' pages end in .8, the others in .1; install each in its section's directory)")]
+    Man {
+        /// Directory to write the pages to (created if missing).
+        #[arg(long, value_name = "DIR", default_value = ".")]
+        dir: std::path::PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
+    margay_ctl::set_git_commit(env!("MARGAY_GIT_COMMIT"));
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // Executed by a container runtime as a CNI plugin (`margay-ipam`, or `margay` with
     // CNI_COMMAND set and no arguments): the plugin sets up its own logging (never stdout).
@@ -95,7 +125,14 @@ fn main() -> ExitCode {
         other => other,
     };
     let explicit_level = cli.log_level.is_some();
-    let level = cli.log_level.clone().unwrap_or_else(|| match &cli.role {
+    let given_level = match cli.log_level.as_deref().map(log_filter).transpose() {
+        Ok(level) => level,
+        Err(e) => {
+            eprintln!("margay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let level = given_level.unwrap_or_else(|| match &cli.role {
         Role::Ctl(_) => "warn".to_string(),
         Role::Node(_) => calico_level(std::env::var("CALICO_STARTUP_LOGLEVEL").ok(), "info"),
         // Felix's early logging comes from the environment (Calico's
@@ -112,6 +149,8 @@ fn main() -> ExitCode {
             margay_kube_controllers::cli::log_level_from_env()
         }
         Role::Felix(_)
+        | Role::Completion { .. }
+        | Role::Man { .. }
         | Role::Cni(_)
         | Role::Lab(_)
         | Role::Typha(_)
@@ -146,6 +185,25 @@ fn main() -> ExitCode {
         Role::Typha(typha) => margay_typha::cli::run_typha(typha, &mut io::stdout()),
         Role::Confd(confd) => margay_confd::cli::run_confd(confd, &mut io::stderr()),
         // The running configuration's log level applies unless --log-level fixed it.
+        Role::Completion { shell } => {
+            match docs::completion(Cli::command(), shell, &mut io::stdout().lock()) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("margay completion: cannot write the script: {e}");
+                    1
+                }
+            }
+        }
+        Role::Man { dir } => match docs::man_pages(Cli::command(), &dir) {
+            Ok(pages) => {
+                println!("wrote {} man pages to {}", pages.len(), dir.display());
+                0
+            }
+            Err(e) => {
+                eprintln!("margay man: {e}");
+                1
+            }
+        },
         Role::KubeControllers(k) => margay_kube_controllers::cli::run_kube_controllers(
             k,
             (!explicit_level).then_some(set_level),
@@ -155,6 +213,32 @@ fn main() -> ExitCode {
     };
     let _ = io::stdout().flush();
     ExitCode::from(code)
+}
+
+/// The `--log-level` / MARGAY_LOG_LEVEL value as a tracing filter: a level name Calico accepts
+/// (panic, fatal, error, warning or warn, info, debug, trace, any case; none or off), or a
+/// tracing filter with per-module directives (`info,margay_felix=debug`). Anything else is
+/// refused: a misspelt level must not silently turn logging off.
+fn log_filter(value: &str) -> Result<String, String> {
+    let v = value.trim();
+    if v.contains('=') {
+        return tracing_subscriber::EnvFilter::try_new(v)
+            .map(|_| v.to_string())
+            .map_err(|e| format!("invalid --log-level filter {v:?}: {e}"));
+    }
+    match v.to_ascii_lowercase().as_str() {
+        "panic" | "fatal" | "error" => Ok("error".into()),
+        "warning" | "warn" => Ok("warn".into()),
+        "info" => Ok("info".into()),
+        "debug" => Ok("debug".into()),
+        "trace" => Ok("trace".into()),
+        "none" | "off" => Ok("off".into()),
+        _ => Err(format!(
+            "invalid --log-level (or MARGAY_LOG_LEVEL) {:?}: use one of panic, fatal, error, \
+             warning, info, debug, trace or none, or a filter such as info,margay_felix=debug",
+            v.chars().take(64).collect::<String>()
+        )),
+    }
 }
 
 /// Calico's log level names (logrus: Panic, Fatal, Error, Warning, Info, Debug, Trace, any
@@ -220,4 +304,43 @@ fn init_logging(level: &str) -> (margay_felix::LogLevelSetter, margay_felix::Log
         sys_level.reload(filter).map_err(|e| e.to_string())
     });
     (set_screen, set_syslog)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn calico_level_names_are_accepted_in_any_case() {
+        for (given, filter) in [
+            ("warning", "warn"),
+            ("Warning", "warn"),
+            ("WARN", "warn"),
+            ("fatal", "error"),
+            ("Panic", "error"),
+            ("error", "error"),
+            ("Info", "info"),
+            ("debug", "debug"),
+            ("TRACE", "trace"),
+            ("none", "off"),
+            (" info ", "info"),
+        ] {
+            assert_eq!(log_filter(given).as_deref(), Ok(filter), "{given}");
+        }
+    }
+
+    #[test]
+    fn directives_pass_through_and_unknown_names_are_refused() {
+        assert_eq!(
+            log_filter("info,margay_felix=debug").as_deref(),
+            Ok("info,margay_felix=debug")
+        );
+        for bad in ["warnings", "verbose", "", "inf0"] {
+            let e = log_filter(bad).expect_err(bad);
+            assert!(e.contains("warning, info"), "{e}");
+        }
+        // Echoes at most 64 characters of what it was given.
+        let e = log_filter(&"x".repeat(10_000)).expect_err("long");
+        assert!(e.len() < 400, "{}", e.len());
+    }
 }

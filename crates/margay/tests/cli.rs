@@ -202,3 +202,146 @@ fn calicoctl_link_behaves_as_margay_ctl() {
         .success()
         .stdout("all()\ns:5y5I3VdRZfDU01O--xXAPx2yxCQQqMf0M6IWug\n");
 }
+
+#[test]
+fn log_level_takes_calico_names_and_refuses_unknown_ones() {
+    // `warning` (logrus's name) must show warnings, not turn logging off: credentials over
+    // plain http:// are warned about before the (refused) connection fails.
+    for level in ["warning", "Warning", "WARN", "info"] {
+        let out = margay()
+            .args(["--log-level", level, "ctl", "get", "nodes"])
+            .env("DATASTORE_TYPE", "etcdv3")
+            .env("ETCD_ENDPOINTS", "http://127.0.0.1:1")
+            .env("ETCD_USERNAME", "u")
+            .env("ETCD_PASSWORD", "p")
+            .timeout(std::time::Duration::from_secs(60))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("WARN"), "--log-level {level}: {stderr}");
+    }
+    let out = margay()
+        .args(["--log-level", "error", "ctl", "get", "nodes"])
+        .env("DATASTORE_TYPE", "etcdv3")
+        .env("ETCD_ENDPOINTS", "http://127.0.0.1:1")
+        .env("ETCD_USERNAME", "u")
+        .env("ETCD_PASSWORD", "p")
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("WARN"));
+    margay()
+        .args([
+            "--log-level",
+            "warnings",
+            "ctl",
+            "selector",
+            "check",
+            "all()",
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains(
+            "invalid --log-level (or MARGAY_LOG_LEVEL) \"warnings\"",
+        ));
+    margay()
+        .env("MARGAY_LOG_LEVEL", "loud")
+        .args(["ctl", "selector", "check", "all()"])
+        .assert()
+        .code(2);
+}
+
+#[test]
+fn completion_scripts_cover_every_role() {
+    for (shell, marker) in [
+        ("bash", "_margay()"),
+        ("zsh", "#compdef margay"),
+        ("fish", "complete -c margay"),
+    ] {
+        let out = margay().args(["completion", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(script.contains(marker), "{shell}");
+        for role in ["ctl", "felix", "typha", "confd", "kube-controllers", "lab"] {
+            assert!(script.contains(role), "{shell} completion lacks {role}");
+        }
+    }
+    margay().args(["completion", "tcsh"]).assert().code(2);
+}
+
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let out = margay().arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        version.starts_with(&format!("margay {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{version}"
+    );
+    // Built from a git checkout (as CI is): the very commit, and its date.
+    if let Ok(head) = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        && head.status.success()
+    {
+        let head = String::from_utf8_lossy(&head.stdout);
+        assert!(version.contains(head.trim()), "{version} vs HEAD {head}");
+    }
+    // Every role answers the same.
+    let felix = margay().args(["felix", "--version"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&felix.stdout).contains("(commit "));
+}
+
+#[test]
+fn validate_reports_every_problem_of_every_file_under_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+    std::fs::write(
+        dir.path().join("pool.yaml"),
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: p}\nspec:\n  cidr: 10.0.0.0/16\n  blockSize: many\n  natOutgoing: perhaps\n---\napiVersion: projectcalico.org/v3\nkind: Tier\nmetadata: {name: ok}\nspec: {order: 10}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("sub/gnp.json"),
+        r#"{"apiVersion":"projectcalico.org/v3","kind":"GlobalNetworkPolicy","metadata":{"name":"g"},"spec":{"ingress":[{"action":"Allow","protocol":"TCP","destination":{"ports":[80,true,443,[1]]}}]}}"#,
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a resource").unwrap();
+    // Without -R: the directory's own files only.
+    let out = margay()
+        .args(["ctl", "validate", "-f"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("spec.blockSize"), "{report}");
+    assert!(report.contains("spec.natOutgoing"), "{report}");
+    assert!(!report.contains("gnp.json"), "{report}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1 of 2 documents are invalid"),
+        "{out:?}"
+    );
+    // With -R: the subdirectory too, every problem of each document.
+    let out = margay()
+        .args(["ctl", "validate", "-R", "-f"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("destination.ports[1]"), "{report}");
+    assert!(report.contains("destination.ports[3]"), "{report}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("2 of 3 documents are invalid"),
+        "{out:?}"
+    );
+    // An empty directory is a clear problem, not a silent success.
+    let empty = tempfile::tempdir().unwrap();
+    let out = margay()
+        .args(["ctl", "validate", "-f"])
+        .arg(empty.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no resources specified in directory"));
+}
