@@ -440,7 +440,7 @@ fn ctl_writes_calico_custom_resources_and_shows_derived_objects() {
     // get shows the custom resource, its resourceVersion the API object's.
     let yaml = k.ctl_ok(&["get", "ippool", "pool-a", "-o", "yaml"]);
     assert!(
-        yaml.contains(&format!("resourceVersion: '{}'", rv(&pool))),
+        yaml.contains(&format!("resourceVersion: \"{}\"", rv(&pool))),
         "{yaml}\n{pool}"
     );
     assert!(
