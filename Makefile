@@ -22,6 +22,7 @@ release: setup
 lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	cargo machete
 
 test: lint
 	$(CARGO) test --workspace --no-fail-fast
