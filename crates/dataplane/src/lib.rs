@@ -11,6 +11,8 @@
 //! as a pure control plane.
 #![forbid(unsafe_code)]
 
+pub mod bpf_driver;
+pub mod bpf_host_nft;
 pub mod exec;
 pub mod linux;
 pub mod linux_driver;

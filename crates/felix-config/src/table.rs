@@ -349,7 +349,7 @@ params! {
         "Offload established, policy-accepted flows to an nftables flowtable (All) or not (Disabled).";
     NFTablesFlowTableDataIfacePattern nftables_flow_table_data_iface_pattern: Option<String> = "regexp(nil-on-empty)", "", [], Common, "nftablesFlowTableDataIfacePattern", true,
         "Regular expression of host interfaces to add to the flowtable besides workload interfaces.";
-    BPFEnabled bpf_enabled: bool = "bool", "false", [], Bpf, "bpfEnabled", false,
+    BPFEnabled bpf_enabled: bool = "bool", "false", [], Bpf, "bpfEnabled", true,
         "Use the eBPF dataplane instead of iptables/nftables.";
     BPFOverlayHostSourceIP bpf_overlay_host_source_ip: String = "oneof(TunnelAddress,HostAddress)", "TunnelAddress", [NonZero], Bpf, "bpfOverlayHostSourceIP", false,
         "eBPF: source address of host traffic sent into an overlay tunnel (TunnelAddress or HostAddress).";

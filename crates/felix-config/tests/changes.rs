@@ -210,7 +210,7 @@ fn derived_values() {
 fn render_table_lists_every_parameter_with_its_source() {
     let mut inputs = with_env(&[
         ("FELIX_LOGSEVERITYSCREEN", "debug"),
-        ("FELIX_BPFENABLED", "true"),
+        ("FELIX_WIREGUARDENABLED", "true"),
         ("FELIX_MYSTERY", "42"),
     ]);
     inputs.config_file = Some("[global]\nHealthEnabled = true\n".into());
@@ -249,14 +249,16 @@ fn render_table_lists_every_parameter_with_its_source() {
         fh.contains("node-1") && fh.contains("<default> (kernel hostname)"),
         "{fh}"
     );
-    assert!(line("BPFEnabled").starts_with('*'));
+    // `*` marks parameters margay does not act on.
+    assert!(line("WireguardEnabled").starts_with('*'));
+    assert!(line("BPFEnabled").starts_with(' '));
     assert!(line("LogSeverityScreen").starts_with(' '));
     assert!(text.contains("[Datastore connection]"));
     assert!(text.contains("[Dataplane: eBPF]"));
     assert!(text.contains("[Unknown parameters (ignored)]"));
     assert!(text.contains("mystery"));
     assert!(text.contains("[Warnings]"));
-    assert!(text.contains("BPFEnabled=\"true\""));
+    assert!(text.contains("WireguardEnabled=\"true\""));
 
     let only = l.render_table(true);
     assert!(only.contains("LogSeverityScreen"));

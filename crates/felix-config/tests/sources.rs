@@ -375,8 +375,9 @@ fn unknown_names_warn_once_across_sources_and_spellings() {
 #[test]
 fn unsupported_parameters_warn_only_when_not_at_their_default() {
     let cases: &[(&str, &str, bool)] = &[
-        ("BPFEnabled", "true", true),
-        ("BPFEnabled", "false", false),
+        // The eBPF dataplane is margay's too: BPFEnabled is acted on.
+        ("BPFEnabled", "true", false),
+        ("WireguardEnabled", "false", false),
         ("WireguardEnabled", "true", true),
         ("XDPEnabled", "false", true),
         ("IptablesBackend", "AUTO", false),
@@ -391,7 +392,7 @@ fn unsupported_parameters_warn_only_when_not_at_their_default() {
             .any(|w| matches!(w, ConfigWarning::Unsupported { param, .. } if param == name));
         assert_eq!(got, *warns, "{name}={value}");
     }
-    let l = common::load_one("BPFEnabled", "true").unwrap();
+    let l = common::load_one("WireguardEnabled", "true").unwrap();
     let w = l
         .warnings
         .iter()
@@ -399,8 +400,8 @@ fn unsupported_parameters_warn_only_when_not_at_their_default() {
         .unwrap();
     assert_eq!(
         w.to_string(),
-        "BPFEnabled=\"true\" (from environment variable) is not supported by margay; it \
-         behaves as if BPFEnabled were \"false\""
+        "WireguardEnabled=\"true\" (from environment variable) is not supported by margay; it \
+         behaves as if WireguardEnabled were \"false\""
     );
 }
 

@@ -245,11 +245,11 @@ fn supported_parameters() {
         "PrometheusMetricsCertFile",
         "Ipv6Support",
         "RouteSource",
+        "BPFEnabled",
     ] {
         assert!(supported.contains(name), "{name} should be supported");
     }
     for name in [
-        "BPFEnabled",
         "WireguardEnabled",
         "IpInIpEnabled",
         "XDPEnabled",

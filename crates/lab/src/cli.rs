@@ -100,6 +100,10 @@ pub enum LabCommand {
         /// every node runs `margay confd` and BIRD, peering in a node-to-node mesh).
         #[arg(long, default_value = "vxlan")]
         backend: String,
+        /// Felix's dataplane on every node: linux (nftables, the default) or bpf (the eBPF
+        /// dataplane: BPFEnabled=true).
+        #[arg(long, env = "MARGAY_LAB_DATAPLANE", default_value = "linux")]
+        dataplane: String,
         /// With --backend bird: add a top-of-rack router (namespace mgy-<lab>-tor at
         /// 172.30.0.2 running BIRD with its own AS) that every node peers with.
         #[arg(long)]
@@ -315,6 +319,7 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             nodes,
             datastore,
             backend,
+            dataplane,
             tor,
             tor_as,
         } => up(
@@ -324,6 +329,7 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             &datastore,
             &Networking {
                 backend: &backend,
+                dataplane: &dataplane,
                 tor: tor.then_some(tor_as),
             },
             out,

@@ -76,6 +76,9 @@ pub struct LabState {
     /// `local`, `etcd` or `kubernetes`.
     pub datastore: String,
     pub backend: String,
+    /// Felix's dataplane: empty (nftables) or `bpf`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dataplane: String,
     pub topology: Topology,
     pub nodes: Vec<NodeState>,
     pub pods: Vec<PodState>,
@@ -115,6 +118,7 @@ impl LabState {
             prefix,
             datastore: datastore.to_string(),
             backend: backend.to_string(),
+            dataplane: String::new(),
             topology,
             nodes,
             pods,

@@ -1,4 +1,5 @@
-//! The dataplane driver Felix starts (Linux nftables or the recording driver), the MTUs it
+//! The dataplane driver Felix starts (Linux nftables, eBPF with BPFEnabled, or the recording
+//! driver), the MTUs it
 //! detects, and the encapsulation the IP pools call for.
 
 use std::collections::BTreeMap;
@@ -88,6 +89,26 @@ pub(super) fn make_driver(
                     margay_dataplane::linux::sysctl::DEFAULT_RP_FILTER.to_string()
                 },
             );
+            let global_sysctls = margay_dataplane::linux::sysctl::global_sysctls(
+                config.ip_forwarding.eq_ignore_ascii_case("Enabled"),
+                config.ipv6_support,
+            );
+            let interfaces = margay_dataplane::linux::interfaces::InterfaceConfig {
+                ipv6: config.ipv6_support,
+                default_rp_filter,
+                refresh_interval: config.interface_refresh_interval,
+            };
+            if config.bpf_enabled {
+                return make_bpf_driver(
+                    env,
+                    config,
+                    hostname,
+                    &nft,
+                    routing,
+                    global_sysctls,
+                    interfaces,
+                );
+            }
             let (driver, recording, stats) = LinuxDriver::new(LinuxDriverConfig {
                 nft: NftDriverConfig {
                     nft,
@@ -99,15 +120,8 @@ pub(super) fn make_driver(
                 route_refresh_interval: config.route_refresh_interval,
                 status_prefix: (!config.endpoint_status_path_prefix.is_empty())
                     .then(|| std::path::PathBuf::from(&config.endpoint_status_path_prefix)),
-                global_sysctls: margay_dataplane::linux::sysctl::global_sysctls(
-                    config.ip_forwarding.eq_ignore_ascii_case("Enabled"),
-                    config.ipv6_support,
-                ),
-                interfaces: Some(margay_dataplane::linux::interfaces::InterfaceConfig {
-                    ipv6: config.ipv6_support,
-                    default_rp_filter,
-                    refresh_interval: config.interface_refresh_interval,
-                }),
+                global_sysctls,
+                interfaces: Some(interfaces),
             });
             tracing::info!(
                 driver = driver.name(),
@@ -120,6 +134,64 @@ pub(super) fn make_driver(
             "MARGAY_DATAPLANE={other:?} is not a dataplane driver: use linux (the default) or recording"
         ))),
     }
+}
+
+/// Overrides where the eBPF dataplane pins its maps (default `/sys/fs/bpf/margay/<node>`,
+/// mounting a BPF filesystem on /sys/fs/bpf when there is none).
+pub const ENV_BPF_PIN_DIR: &str = "MARGAY_BPF_PIN_DIR";
+
+/// `BPFEnabled=true`: the eBPF driver, with the routing, sysctl and interface parts the Linux
+/// driver would have used.
+fn make_bpf_driver(
+    env: &BTreeMap<String, String>,
+    config: &Config,
+    hostname: &str,
+    nft: &margay_dataplane::nft::NftConfig,
+    routing: Option<margay_dataplane::linux::routing::RoutingConfig>,
+    global_sysctls: Vec<margay_dataplane::linux::sysctl::Sysctl>,
+    interfaces: margay_dataplane::linux::interfaces::InterfaceConfig,
+) -> Result<DriverParts, StartError> {
+    use margay_dataplane::bpf_driver::{BpfDriver, BpfDriverConfig};
+    let (pin_dir, bpffs_mount) = match env.get(ENV_BPF_PIN_DIR) {
+        Some(d) => (PathBuf::from(d), None),
+        None => (
+            margay_bpf::loader::pin_dir_for(std::path::Path::new("/sys/fs/bpf/margay"), hostname),
+            Some(PathBuf::from("/sys/fs/bpf")),
+        ),
+    };
+    let (driver, recording) = BpfDriver::new(BpfDriverConfig {
+        pin_dir: pin_dir.clone(),
+        bpffs_mount,
+        compile: margay_bpf::compile::CompileConfig {
+            workload_vxlan_port: nft.workload_vxlan_port,
+            drop_ipip_from_workloads: nft.drop_ipip_from_workloads,
+        },
+        routing,
+        route_refresh_interval: config.route_refresh_interval,
+        status_prefix: (!config.endpoint_status_path_prefix.is_empty())
+            .then(|| PathBuf::from(&config.endpoint_status_path_prefix)),
+        global_sysctls,
+        interfaces: Some(interfaces),
+        workload_prefixes: nft.workload_prefixes.clone(),
+        host_nft: Some(margay_dataplane::bpf_host_nft::HostNftConfig {
+            workload_prefixes: nft.workload_prefixes.clone(),
+            endpoint_to_host: nft.endpoint_to_host,
+            nat: nft.nat.clone(),
+        }),
+    })
+    .map_err(|e| {
+        StartError::Fatal(format!(
+            "BPFEnabled is true but the eBPF dataplane cannot start: {e} (set BPFEnabled=false \
+             to use nftables)"
+        ))
+    })?;
+    tracing::info!(
+        driver = driver.name(),
+        pin_dir = %pin_dir.display(),
+        "Starting the eBPF dataplane driver (BPFEnabled): policy in BPF programs on the \
+         workload interfaces (nothing is written before the datastore is in sync)"
+    );
+    Ok((Box::new(driver), recording, None))
 }
 
 /// Overrides where Felix writes the pod MTU (Calico's fixed `/var/lib/calico/mtu`): for tests

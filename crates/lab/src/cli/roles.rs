@@ -244,6 +244,10 @@ pub(crate) fn start_felix(
             dir.join("status").display().to_string(),
         ),
         ("MARGAY_DATAPLANE".into(), "linux".into()),
+        (
+            "FELIX_BPFENABLED".into(),
+            (st.dataplane == "bpf").to_string(),
+        ),
         // Each node's pod MTU (Calico's /var/lib/calico/mtu) in the node's directory.
         (
             "MARGAY_MTU_FILE".into(),

@@ -5,6 +5,8 @@ use super::*;
 /// How nodes reach each other: the backend and, for BGP, an optional ToR's AS number.
 pub(super) struct Networking<'a> {
     pub(super) backend: &'a str,
+    /// Felix's dataplane: `linux` or `bpf`.
+    pub(super) dataplane: &'a str,
     pub(super) tor: Option<u32>,
 }
 
@@ -27,6 +29,12 @@ pub(super) fn up(
     if !matches!(backend, "vxlan" | "bird") {
         return Err(other(format!(
             "--backend {backend:?}: use vxlan (Felix's VXLAN routes) or bird (BGP, no encapsulation)"
+        )));
+    }
+    if !matches!(networking.dataplane, "linux" | "bpf") {
+        return Err(other(format!(
+            "--dataplane {:?}: use linux (nftables) or bpf (the eBPF dataplane)",
+            networking.dataplane
         )));
     }
     if tor.is_some() && backend != "bird" {
@@ -55,6 +63,9 @@ pub(super) fn up(
     if let Some(asn) = tor {
         st = st.with_tor(asn);
     }
+    if networking.dataplane == "bpf" {
+        st.dataplane = "bpf".into();
+    }
     let _ = std::fs::remove_dir_all(&dir);
     st.save()
         .map_err(|e| other(format!("{}: {e}", dir.display())))?;
@@ -68,14 +79,19 @@ pub(super) fn up(
             let (st, timings) = st;
             let _ = writeln!(
                 out,
-                "lab {:?} is up in {:.1} s: {} nodes, {} pods ({} datastore, {} backend{})",
+                "lab {:?} is up in {:.1} s: {} nodes, {} pods ({} datastore, {} backend{}{})",
                 st.name,
                 started.elapsed().as_secs_f64(),
                 st.nodes.len(),
                 st.pods.len(),
                 st.datastore,
                 st.backend,
-                if st.tor.is_some() { ", ToR" } else { "" }
+                if st.tor.is_some() { ", ToR" } else { "" },
+                if st.dataplane == "bpf" {
+                    ", eBPF dataplane"
+                } else {
+                    ""
+                }
             );
             for t in timings {
                 let _ = writeln!(out, "{t}");

@@ -1,0 +1,384 @@
+// SPDX-License-Identifier: Apache-2.0
+// margay's workload policy program (IPv4). Attached to a workload's host-side interface:
+// the tc ingress hook sees traffic from the workload (its egress policy), the tc egress hook
+// traffic to it (its ingress policy). Layouts here are mirrored byte for byte by
+// crates/bpf/src/layout.rs; change both together (and the layout tests catch a mismatch).
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/in.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define MAX_SETS 4      // positive or negative IP-set references per rule side
+#define MAX_NAMED 4     // named-port sets per rule side (each list)
+#define MAX_PORTS 8     // port ranges per rule side (each list)
+#define MAX_RULES 4096  // rules per endpoint and direction (bpf_loop bound)
+
+#define ACT_ALLOW 0
+#define ACT_DENY 1
+#define ACT_PASS 2 // jump to `jump` (start of the next tier / profile)
+#define ACT_LOG 3  // no output yet: evaluation continues
+
+#define F_PROTO 0x01
+#define F_NOT_PROTO 0x02
+#define F_ICMP_TYPE 0x04
+#define F_ICMP_CODE 0x08
+#define F_NOT_ICMP_TYPE 0x10
+#define F_NOT_ICMP_CODE 0x20
+
+#define HOOK_FROM_WL 0 // tc ingress: the workload's egress policy
+#define HOOK_TO_WL 1   // tc egress: the workload's ingress policy
+
+struct port_range {
+	__u16 first;
+	__u16 last;
+};
+
+struct side {
+	__u32 sets[MAX_SETS];       // the address must be in every one
+	__u32 not_sets[MAX_SETS];   // and in none of these
+	__u32 named[MAX_NAMED];     // (addr, proto, port) in any one: an alternative to ports
+	__u32 not_named[MAX_NAMED]; // in none of these
+	struct port_range ports[MAX_PORTS];
+	struct port_range not_ports[MAX_PORTS];
+	__u8 n_sets, n_not_sets, n_named, n_not_named, n_ports, n_not_ports;
+	__u8 pad[2];
+};
+
+struct rule {
+	__u8 action;
+	__u8 flags;
+	__u8 proto;
+	__u8 not_proto;
+	__u8 icmp_type, icmp_code, not_icmp_type, not_icmp_code;
+	__u32 jump; // ACT_PASS: index of the next rule to evaluate
+	__u32 pad;
+	struct side src;
+	struct side dst;
+};
+
+struct rule_key {
+	__u32 slot;
+	__u32 idx;
+};
+
+// One endpoint: the rule slot and rule count per hook. Replaced by one map write (the flip).
+struct endpoint {
+	__u32 slot[2];
+	__u32 count[2];
+	__u32 flags;
+	__u32 pad;
+};
+
+struct ipset_key {
+	__u32 prefixlen; // 32 (set id) + CIDR bits, or 88 for an (addr, port, proto) member
+	__u32 set_id;    // big-endian
+	__u32 addr;      // network order
+	__u16 port;      // network order
+	__u8 proto;
+	__u8 pad;
+};
+
+struct ct_key {
+	__u32 ifindex;
+	__u32 saddr;
+	__u32 daddr;
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 hook; // the hook that judged the flow's first packet
+	__u8 pad[2];
+};
+
+struct ct_val {
+	__u64 last_seen_ns;
+	__u64 created_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct endpoint);
+	__uint(max_entries, 4096);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_eps SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct rule_key);
+	__type(value, struct rule);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__type(key, struct ipset_key);
+	__type(value, __u32);
+	__uint(max_entries, 1048576);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_ipsets SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_ct SEC(".maps");
+
+struct pkt {
+	__u32 saddr, daddr;
+	__u16 sport, dport; // network order; 0 without ports
+	__u8 proto;
+	__u8 icmp_type, icmp_code;
+	__u8 has_ports;
+};
+
+struct eval {
+	struct pkt *p;
+	__u32 slot;
+	__u32 next;  // the next rule index to evaluate
+	__u32 count;
+	int verdict; // -1: none yet
+};
+
+static __always_inline int in_set(__u32 id, __u32 addr)
+{
+	struct ipset_key k = {.prefixlen = 64, .set_id = bpf_htonl(id), .addr = addr};
+	return bpf_map_lookup_elem(&mgy_ipsets, &k) != 0;
+}
+
+static __always_inline int in_named(__u32 id, __u32 addr, __u16 port, __u8 proto)
+{
+	struct ipset_key k = {
+		.prefixlen = 88, .set_id = bpf_htonl(id), .addr = addr, .port = port, .proto = proto};
+	return bpf_map_lookup_elem(&mgy_ipsets, &k) != 0;
+}
+
+static __always_inline int side_matches(const struct side *s, __u32 addr, __u16 port_n,
+					const struct pkt *p)
+{
+	__u16 port = bpf_ntohs(port_n);
+	int i;
+	for (i = 0; i < MAX_SETS; i++) {
+		if (i >= s->n_sets)
+			break;
+		if (!in_set(s->sets[i], addr))
+			return 0;
+	}
+	for (i = 0; i < MAX_SETS; i++) {
+		if (i >= s->n_not_sets)
+			break;
+		if (in_set(s->not_sets[i], addr))
+			return 0;
+	}
+	for (i = 0; i < MAX_PORTS; i++) {
+		if (i >= s->n_not_ports)
+			break;
+		if (p->has_ports && port >= s->not_ports[i].first && port <= s->not_ports[i].last)
+			return 0;
+	}
+	for (i = 0; i < MAX_NAMED; i++) {
+		if (i >= s->n_not_named)
+			break;
+		if (p->has_ports && in_named(s->not_named[i], addr, port_n, p->proto))
+			return 0;
+	}
+	if (s->n_ports == 0 && s->n_named == 0)
+		return 1;
+	if (!p->has_ports)
+		return 0;
+	for (i = 0; i < MAX_PORTS; i++) {
+		if (i >= s->n_ports)
+			break;
+		if (port >= s->ports[i].first && port <= s->ports[i].last)
+			return 1;
+	}
+	for (i = 0; i < MAX_NAMED; i++) {
+		if (i >= s->n_named)
+			break;
+		if (in_named(s->named[i], addr, port_n, p->proto))
+			return 1;
+	}
+	return 0;
+}
+
+static __always_inline int rule_matches(const struct rule *r, const struct pkt *p)
+{
+	if ((r->flags & F_PROTO) && p->proto != r->proto)
+		return 0;
+	if ((r->flags & F_NOT_PROTO) && p->proto == r->not_proto)
+		return 0;
+	if (r->flags & (F_ICMP_TYPE | F_NOT_ICMP_TYPE)) {
+		if (p->proto != IPPROTO_ICMP)
+			return 0;
+		if ((r->flags & F_ICMP_TYPE) && p->icmp_type != r->icmp_type)
+			return 0;
+		if ((r->flags & F_ICMP_CODE) && p->icmp_code != r->icmp_code)
+			return 0;
+		if (r->flags & F_NOT_ICMP_TYPE) {
+			if (r->flags & F_NOT_ICMP_CODE) {
+				if (p->icmp_type == r->not_icmp_type && p->icmp_code == r->not_icmp_code)
+					return 0;
+			} else if (p->icmp_type == r->not_icmp_type) {
+				return 0;
+			}
+		}
+	}
+	if (!side_matches(&r->src, p->saddr, p->sport, p))
+		return 0;
+	if (!side_matches(&r->dst, p->daddr, p->dport, p))
+		return 0;
+	return 1;
+}
+
+static long eval_step(__u32 i, void *data)
+{
+	struct eval *e = data;
+	(void)i;
+	if (e->next >= e->count || e->next >= MAX_RULES)
+		return 1;
+	struct rule_key k = {.slot = e->slot, .idx = e->next};
+	struct rule *r = bpf_map_lookup_elem(&mgy_rules, &k);
+	if (!r) {
+		// A hole in a slot is a bug or a torn write: fail closed.
+		e->verdict = TC_ACT_SHOT;
+		return 1;
+	}
+	if (!rule_matches(r, e->p)) {
+		e->next++;
+		return 0;
+	}
+	switch (r->action) {
+	case ACT_ALLOW:
+		e->verdict = TC_ACT_OK;
+		return 1;
+	case ACT_PASS:
+		// Only forward jumps: evaluation always ends within count steps.
+		e->next = r->jump > e->next ? r->jump : e->next + 1;
+		return 0;
+	case ACT_LOG:
+		e->next++;
+		return 0;
+	default:
+		e->verdict = TC_ACT_SHOT;
+		return 1;
+	}
+}
+
+static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
+{
+	struct iphdr ip;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0)
+		return -1;
+	if (ip.version != 4 || ip.ihl < 5)
+		return -1;
+	p->saddr = ip.saddr;
+	p->daddr = ip.daddr;
+	p->proto = ip.protocol;
+	__u32 l4 = ETH_HLEN + ip.ihl * 4;
+	// Later fragments carry no transport header: they are judged without ports (coarse).
+	int later_frag = (bpf_ntohs(ip.frag_off) & 0x1fff) != 0;
+	if (later_frag)
+		return 0;
+	switch (ip.protocol) {
+	case IPPROTO_TCP:
+	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
+	case IPPROTO_UDPLITE: {
+		__u16 ports[2];
+		if (bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0)
+			return -1;
+		p->sport = ports[0];
+		p->dport = ports[1];
+		p->has_ports = 1;
+		break;
+	}
+	case IPPROTO_ICMP: {
+		__u8 h[8];
+		if (bpf_skb_load_bytes(skb, l4, h, sizeof(h)) < 0)
+			return -1;
+		p->icmp_type = h[0];
+		p->icmp_code = h[1];
+		// Echo request (8) and reply (0): the identifier keys the flow on both sides.
+		if (h[0] == 8 || h[0] == 0) {
+			__u16 id = (__u16)h[4] | ((__u16)h[5] << 8);
+			p->sport = id;
+			p->dport = id;
+		}
+		break;
+	}
+	}
+	return 0;
+}
+
+static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
+{
+	if (skb->protocol == bpf_htons(ETH_P_ARP))
+		return TC_ACT_OK;
+	__u32 ifindex = skb->ifindex;
+	struct endpoint *ep = bpf_map_lookup_elem(&mgy_eps, &ifindex);
+	if (!ep)
+		return TC_ACT_SHOT; // an interface with a program but no endpoint: fail closed
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return TC_ACT_SHOT; // IPv6 and anything else: not supported in this milestone
+
+	struct pkt p = {};
+	if (parse(skb, &p) < 0)
+		return TC_ACT_SHOT;
+
+	__u64 now = bpf_ktime_get_ns();
+	struct ct_key fwd = {.ifindex = ifindex, .saddr = p.saddr, .daddr = p.daddr,
+			     .sport = p.sport, .dport = p.dport, .proto = p.proto, .hook = hook};
+	struct ct_val *cv = bpf_map_lookup_elem(&mgy_ct, &fwd);
+	if (!cv) {
+		// A reply: the reverse flow was judged on this interface by the other hook.
+		struct ct_key rev = {.ifindex = ifindex, .saddr = p.daddr, .daddr = p.saddr,
+				     .sport = p.dport, .dport = p.sport, .proto = p.proto,
+				     .hook = hook ^ 1};
+		cv = bpf_map_lookup_elem(&mgy_ct, &rev);
+	}
+	if (cv) {
+		// Coarse timeouts: an entry idle for longer than 1 h (TCP) / 60 s (others) is
+		// stale and the packet is judged again.
+		__u64 idle = p.proto == IPPROTO_TCP ? 3600ULL * 1000000000ULL : 60ULL * 1000000000ULL;
+		if (now - cv->last_seen_ns <= idle) {
+			cv->last_seen_ns = now;
+			return TC_ACT_OK;
+		}
+	}
+
+	// Traffic the host itself sends to a workload (it never arrived on an interface) is not
+	// judged by the workload's ingress policy, as with the nftables dataplane (no output
+	// hook); it is recorded so the workload's replies pass its egress hook.
+	if (!(hook == HOOK_TO_WL && skb->ingress_ifindex == 0)) {
+		struct eval e = {.p = &p, .slot = ep->slot[hook & 1], .next = 0,
+				 .count = ep->count[hook & 1], .verdict = -1};
+		bpf_loop(MAX_RULES, eval_step, &e, 0);
+		if (e.verdict != TC_ACT_OK)
+			return TC_ACT_SHOT; // denied, or no rule decided: default deny
+	}
+	struct ct_val nv = {.last_seen_ns = now, .created_ns = now};
+	bpf_map_update_elem(&mgy_ct, &fwd, &nv, BPF_ANY);
+	return TC_ACT_OK;
+}
+
+SEC("classifier")
+int mgy_from_wl(struct __sk_buff *skb)
+{
+	return policy(skb, HOOK_FROM_WL);
+}
+
+SEC("classifier")
+int mgy_to_wl(struct __sk_buff *skb)
+{
+	return policy(skb, HOOK_TO_WL);
+}
+
+// No GPL-only helper is used.
+char LICENSE[] SEC("license") = "Apache-2.0";

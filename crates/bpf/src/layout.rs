@@ -1,0 +1,273 @@
+//! The maps' keys and values, byte for byte as `bpf/policy.c` declares them.
+//!
+//! Encoded by hand into fixed byte arrays (native byte order for host-order fields, network
+//! order where the C side keeps network order), so the crate needs no `unsafe` Pod impls.
+//! The sizes are checked against the object's BTF-free map definitions in the loader tests.
+
+use std::net::Ipv4Addr;
+
+/// Positive or negative IP-set references per rule side (each list).
+pub const MAX_SETS: usize = 4;
+/// Named-port sets per rule side (each list).
+pub const MAX_NAMED: usize = 4;
+/// Port ranges per rule side (each list).
+pub const MAX_PORTS: usize = 8;
+/// Rules per endpoint and direction: the program's `bpf_loop` bound.
+pub const MAX_RULES: usize = 4096;
+
+pub const ACT_ALLOW: u8 = 0;
+pub const ACT_DENY: u8 = 1;
+pub const ACT_PASS: u8 = 2;
+pub const ACT_LOG: u8 = 3;
+
+pub const F_PROTO: u8 = 0x01;
+pub const F_NOT_PROTO: u8 = 0x02;
+pub const F_ICMP_TYPE: u8 = 0x04;
+pub const F_ICMP_CODE: u8 = 0x08;
+pub const F_NOT_ICMP_TYPE: u8 = 0x10;
+pub const F_NOT_ICMP_CODE: u8 = 0x20;
+
+/// tc ingress on the host-side interface: traffic from the workload (its egress policy).
+pub const HOOK_FROM_WL: usize = 0;
+/// tc egress: traffic to the workload (its ingress policy).
+pub const HOOK_TO_WL: usize = 1;
+
+pub const SIDE_SIZE: usize = 4 * (2 * MAX_SETS + 2 * MAX_NAMED) + 4 * 2 * MAX_PORTS + 8;
+pub const RULE_SIZE: usize = 16 + 2 * SIDE_SIZE;
+pub const ENDPOINT_SIZE: usize = 24;
+pub const RULE_KEY_SIZE: usize = 8;
+/// The LPM key's data after its 4-byte prefix length.
+pub const IPSET_DATA_SIZE: usize = 12;
+pub const CT_KEY_SIZE: usize = 20;
+pub const CT_VAL_SIZE: usize = 16;
+
+/// Prefix bits of an IP-set entry's key before the address: the set id.
+pub const SET_ID_BITS: u32 = 32;
+/// A named-port member's full key length: set id, address, port, protocol.
+pub const NAMED_PORT_BITS: u32 = 88;
+
+/// One side (source or destination) of a rule.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Side {
+    pub sets: Vec<u32>,
+    pub not_sets: Vec<u32>,
+    pub named: Vec<u32>,
+    pub not_named: Vec<u32>,
+    pub ports: Vec<(u16, u16)>,
+    pub not_ports: Vec<(u16, u16)>,
+}
+
+/// One rule as the program evaluates it. The list lengths are within the limits above
+/// (the compiler refuses anything larger before a `Rule` exists).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Rule {
+    pub action: u8,
+    pub flags: u8,
+    pub proto: u8,
+    pub not_proto: u8,
+    pub icmp_type: u8,
+    pub icmp_code: u8,
+    pub not_icmp_type: u8,
+    pub not_icmp_code: u8,
+    /// [`ACT_PASS`]: the index evaluation continues at.
+    pub jump: u32,
+    pub src: Side,
+    pub dst: Side,
+}
+
+fn put_u32s(out: &mut Vec<u8>, vals: &[u32], n: usize) {
+    for i in 0..n {
+        out.extend_from_slice(&vals.get(i).copied().unwrap_or(0).to_ne_bytes());
+    }
+}
+
+fn put_ranges(out: &mut Vec<u8>, vals: &[(u16, u16)], n: usize) {
+    for i in 0..n {
+        let (a, b) = vals.get(i).copied().unwrap_or((0, 0));
+        out.extend_from_slice(&a.to_ne_bytes());
+        out.extend_from_slice(&b.to_ne_bytes());
+    }
+}
+
+/// Lengths are capped at the limit: the compiler guarantees they fit, and a longer list must
+/// never spill into the next field.
+fn len(v: usize, max: usize) -> u8 {
+    v.min(max) as u8
+}
+
+impl Side {
+    fn encode(&self, out: &mut Vec<u8>) {
+        put_u32s(out, &self.sets, MAX_SETS);
+        put_u32s(out, &self.not_sets, MAX_SETS);
+        put_u32s(out, &self.named, MAX_NAMED);
+        put_u32s(out, &self.not_named, MAX_NAMED);
+        put_ranges(out, &self.ports, MAX_PORTS);
+        put_ranges(out, &self.not_ports, MAX_PORTS);
+        out.extend_from_slice(&[
+            len(self.sets.len(), MAX_SETS),
+            len(self.not_sets.len(), MAX_SETS),
+            len(self.named.len(), MAX_NAMED),
+            len(self.not_named.len(), MAX_NAMED),
+            len(self.ports.len(), MAX_PORTS),
+            len(self.not_ports.len(), MAX_PORTS),
+            0,
+            0,
+        ]);
+    }
+}
+
+impl Rule {
+    pub fn encode(&self) -> [u8; RULE_SIZE] {
+        let mut out = Vec::with_capacity(RULE_SIZE);
+        out.extend_from_slice(&[
+            self.action,
+            self.flags,
+            self.proto,
+            self.not_proto,
+            self.icmp_type,
+            self.icmp_code,
+            self.not_icmp_type,
+            self.not_icmp_code,
+        ]);
+        out.extend_from_slice(&self.jump.to_ne_bytes());
+        out.extend_from_slice(&0u32.to_ne_bytes());
+        self.src.encode(&mut out);
+        self.dst.encode(&mut out);
+        let mut arr = [0u8; RULE_SIZE];
+        arr.copy_from_slice(&out[..RULE_SIZE]);
+        arr
+    }
+}
+
+pub fn rule_key(slot: u32, idx: u32) -> [u8; RULE_KEY_SIZE] {
+    let mut k = [0u8; RULE_KEY_SIZE];
+    k[..4].copy_from_slice(&slot.to_ne_bytes());
+    k[4..].copy_from_slice(&idx.to_ne_bytes());
+    k
+}
+
+/// An endpoint's entry: the rule slot and count per hook. Written in one map update.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    pub slot: [u32; 2],
+    pub count: [u32; 2],
+    pub flags: u32,
+}
+
+impl Endpoint {
+    pub fn encode(&self) -> [u8; ENDPOINT_SIZE] {
+        let mut k = [0u8; ENDPOINT_SIZE];
+        for (i, v) in [
+            self.slot[0],
+            self.slot[1],
+            self.count[0],
+            self.count[1],
+            self.flags,
+            0,
+        ]
+        .iter()
+        .enumerate()
+        {
+            k[i * 4..i * 4 + 4].copy_from_slice(&v.to_ne_bytes());
+        }
+        k
+    }
+
+    pub fn decode(b: &[u8; ENDPOINT_SIZE]) -> Endpoint {
+        let u = |i: usize| u32::from_ne_bytes([b[i * 4], b[i * 4 + 1], b[i * 4 + 2], b[i * 4 + 3]]);
+        Endpoint {
+            slot: [u(0), u(1)],
+            count: [u(2), u(3)],
+            flags: u(4),
+        }
+    }
+}
+
+/// One entry of the IP-set LPM trie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IpSetEntry {
+    pub set_id: u32,
+    pub addr: Ipv4Addr,
+    /// CIDR prefix length for a network member; None for a named-port member.
+    pub prefix: Option<u8>,
+    pub port: u16,
+    pub proto: u8,
+}
+
+impl IpSetEntry {
+    /// The LPM key: (prefix length, data).
+    pub fn key(&self) -> (u32, [u8; IPSET_DATA_SIZE]) {
+        let mut d = [0u8; IPSET_DATA_SIZE];
+        d[..4].copy_from_slice(&self.set_id.to_be_bytes());
+        d[4..8].copy_from_slice(&self.addr.octets());
+        match self.prefix {
+            Some(p) => (SET_ID_BITS + u32::from(p.min(32)), d),
+            None => {
+                d[8..10].copy_from_slice(&self.port.to_be_bytes());
+                d[10] = self.proto;
+                (NAMED_PORT_BITS, d)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_match_the_c_structs() {
+        // struct side: 16 u32 ids, 16 ranges, 8 bytes of counts and padding.
+        assert_eq!(SIDE_SIZE, 136);
+        assert_eq!(RULE_SIZE, 288);
+        let r = Rule {
+            action: ACT_PASS,
+            jump: 7,
+            src: Side {
+                sets: vec![1, 2],
+                ports: vec![(80, 81)],
+                ..Side::default()
+            },
+            ..Rule::default()
+        };
+        let b = r.encode();
+        assert_eq!(b[0], ACT_PASS);
+        assert_eq!(u32::from_ne_bytes([b[8], b[9], b[10], b[11]]), 7);
+        // src.sets[1] at 16 + 4.
+        assert_eq!(u32::from_ne_bytes([b[20], b[21], b[22], b[23]]), 2);
+        // src.ports[0] after the 16 ids: 16 + 64.
+        assert_eq!(u16::from_ne_bytes([b[80], b[81]]), 80);
+        // src.n_sets and src.n_ports after the 16 ranges: 16 + 128.
+        assert_eq!(b[144], 2);
+        assert_eq!(b[148], 1);
+    }
+
+    #[test]
+    fn ipset_keys_put_the_set_id_first_and_count_its_bits() {
+        let e = IpSetEntry {
+            set_id: 0x0102_0304,
+            addr: Ipv4Addr::new(10, 0, 0, 0),
+            prefix: Some(8),
+            port: 0,
+            proto: 0,
+        };
+        let (plen, d) = e.key();
+        assert_eq!(plen, 40);
+        assert_eq!(&d[..5], &[1, 2, 3, 4, 10]);
+        let n = IpSetEntry {
+            prefix: None,
+            port: 8080,
+            proto: 6,
+            ..e
+        };
+        let (plen, d) = n.key();
+        assert_eq!(plen, 88);
+        assert_eq!(&d[8..11], &[0x1f, 0x90, 6]);
+        let ep = Endpoint {
+            slot: [3, 4],
+            count: [5, 6],
+            flags: 1,
+        };
+        assert_eq!(Endpoint::decode(&ep.encode()), ep);
+    }
+}

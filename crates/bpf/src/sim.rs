@@ -1,0 +1,154 @@
+//! A userspace model of the program's policy evaluation (`eval_step` in bpf/policy.c), for
+//! unit tests of the compiler without root, and as the oracle the kernel tests compare with.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use crate::layout::*;
+
+/// The fields of a packet that policy reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Packet {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub proto: u8,
+    /// 0 without ports.
+    pub sport: u16,
+    pub dport: u16,
+    pub icmp_type: u8,
+    pub icmp_code: u8,
+}
+
+impl Packet {
+    pub fn tcp(src: Ipv4Addr, dst: Ipv4Addr, dport: u16) -> Packet {
+        Packet {
+            src,
+            dst,
+            proto: 6,
+            sport: 40000,
+            dport,
+            icmp_type: 0,
+            icmp_code: 0,
+        }
+    }
+
+    fn has_ports(&self) -> bool {
+        matches!(self.proto, 6 | 17 | 132 | 136)
+    }
+}
+
+/// The LPM trie's answer, as the program asks it.
+fn in_set(sets: &BTreeMap<u32, BTreeSet<IpSetEntry>>, id: u32, addr: Ipv4Addr) -> bool {
+    sets.get(&id).is_some_and(|s| {
+        s.iter().any(|e| match e.prefix {
+            Some(p) => {
+                let mask = if p == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - u32::from(p.min(32)))
+                };
+                u32::from(e.addr) & mask == u32::from(addr) & mask
+            }
+            None => false,
+        })
+    })
+}
+
+fn in_named(
+    sets: &BTreeMap<u32, BTreeSet<IpSetEntry>>,
+    id: u32,
+    addr: Ipv4Addr,
+    port: u16,
+    proto: u8,
+) -> bool {
+    sets.get(&id).is_some_and(|s| {
+        s.iter()
+            .any(|e| e.prefix.is_none() && e.addr == addr && e.port == port && e.proto == proto)
+    })
+}
+
+fn side_matches(
+    s: &Side,
+    addr: Ipv4Addr,
+    port: u16,
+    p: &Packet,
+    sets: &BTreeMap<u32, BTreeSet<IpSetEntry>>,
+) -> bool {
+    if !s.sets.iter().all(|id| in_set(sets, *id, addr)) {
+        return false;
+    }
+    if s.not_sets.iter().any(|id| in_set(sets, *id, addr)) {
+        return false;
+    }
+    let has = p.has_ports();
+    if has && s.not_ports.iter().any(|(a, b)| port >= *a && port <= *b) {
+        return false;
+    }
+    if has
+        && s.not_named
+            .iter()
+            .any(|id| in_named(sets, *id, addr, port, p.proto))
+    {
+        return false;
+    }
+    if s.ports.is_empty() && s.named.is_empty() {
+        return true;
+    }
+    has && (s.ports.iter().any(|(a, b)| port >= *a && port <= *b)
+        || s.named
+            .iter()
+            .any(|id| in_named(sets, *id, addr, port, p.proto)))
+}
+
+pub fn rule_matches(r: &Rule, p: &Packet, sets: &BTreeMap<u32, BTreeSet<IpSetEntry>>) -> bool {
+    if r.flags & F_PROTO != 0 && p.proto != r.proto {
+        return false;
+    }
+    if r.flags & F_NOT_PROTO != 0 && p.proto == r.not_proto {
+        return false;
+    }
+    if r.flags & (F_ICMP_TYPE | F_NOT_ICMP_TYPE) != 0 {
+        if p.proto != 1 {
+            return false;
+        }
+        if r.flags & F_ICMP_TYPE != 0 && p.icmp_type != r.icmp_type {
+            return false;
+        }
+        if r.flags & F_ICMP_CODE != 0 && p.icmp_code != r.icmp_code {
+            return false;
+        }
+        if r.flags & F_NOT_ICMP_TYPE != 0 {
+            let same_type = p.icmp_type == r.not_icmp_type;
+            if r.flags & F_NOT_ICMP_CODE != 0 {
+                if same_type && p.icmp_code == r.not_icmp_code {
+                    return false;
+                }
+            } else if same_type {
+                return false;
+            }
+        }
+    }
+    side_matches(&r.src, p.src, p.sport, p, sets) && side_matches(&r.dst, p.dst, p.dport, p, sets)
+}
+
+/// True when the rule list allows the packet (a new flow).
+pub fn allows(rules: &[Rule], p: &Packet, sets: &BTreeMap<u32, BTreeSet<IpSetEntry>>) -> bool {
+    let mut next = 0usize;
+    // Bounded as the program's loop is: every step moves forward.
+    for _ in 0..MAX_RULES {
+        let Some(r) = rules.get(next) else {
+            return false;
+        };
+        if !rule_matches(r, p, sets) {
+            next += 1;
+            continue;
+        }
+        match r.action {
+            ACT_ALLOW => return true,
+            ACT_PASS => next = (r.jump as usize).max(next + 1),
+            ACT_LOG => next += 1,
+            _ => return false,
+        }
+    }
+    false
+}

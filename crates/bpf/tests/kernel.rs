@@ -1,0 +1,314 @@
+//! The programs in the kernel (root): verifier acceptance with the largest policy the limits
+//! allow, fail-closed interfaces, allow/deny, conntrack for replies and an atomic policy
+//! flip, with real probes between pod namespaces behind a node namespace the test creates.
+//! Maps are pinned in a private bpffs mounted on a temporary directory (unmounted on drop);
+//! programs are attached only inside the test's node namespace.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use margay_bpf::layout::*;
+use margay_bpf::loader::{AttachMode, BpfMaps, ensure_bpffs};
+use margay_bpf::sync::Kernel;
+use margay_testkit::netns::{Netns, is_root};
+
+/// A bpffs instance of the test's own, unmounted on drop.
+struct PrivateBpffs(tempfile::TempDir);
+
+impl PrivateBpffs {
+    fn new() -> PrivateBpffs {
+        let d = tempfile::tempdir().unwrap();
+        assert!(ensure_bpffs(d.path()).unwrap(), "mounted a fresh bpffs");
+        PrivateBpffs(d)
+    }
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+impl Drop for PrivateBpffs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+/// Runs `f` on a thread that joined `ns` (checked): every attach happens there.
+fn in_ns<R: Send>(ns: &Netns, f: impl FnOnce() -> R + Send) -> R {
+    use std::os::unix::fs::MetadataExt;
+    let path = format!("/run/netns/{}", ns.name());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = std::fs::File::open(&path).unwrap();
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let want = std::fs::metadata(&path).unwrap().ino();
+            let have = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+            assert_eq!(want, have, "setns into {path} did not take effect");
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+struct Listeners(Vec<Child>);
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+struct Topo {
+    node: Netns,
+    pods: Vec<(Netns, &'static str)>,
+    _l: Listeners,
+}
+
+const PODS: [(&str, &str); 2] = [("10.66.0.1", "calia0"), ("10.66.0.2", "calib0")];
+
+fn topo(prefix: &str) -> Topo {
+    let node = Netns::new(&format!("{prefix}-node")).unwrap();
+    node.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    node.add_veth("uplink0", "uplink1", &["192.0.2.1/24"])
+        .unwrap();
+    node.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "192.0.2.254",
+        "dev",
+        "uplink0",
+    ])
+    .unwrap();
+    let mut pods = Vec::new();
+    let mut l = Vec::new();
+    for (i, (ip, iface)) in PODS.iter().enumerate() {
+        let pod = node.add_pod(&format!("{prefix}-p{i}"), ip, iface).unwrap();
+        for port in ["80", "81"] {
+            l.push(
+                pod.exec("nc")
+                    .args(["-l", "-k", "-p", port])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+        }
+        pods.push((pod, *ip));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (pod, _) in &pods {
+        loop {
+            let out = pod.exec("ss").args(["-ltn"]).output().unwrap();
+            let t = String::from_utf8_lossy(&out.stdout).into_owned();
+            if t.contains(":80 ") && t.contains(":81 ") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "listeners did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Topo {
+        node,
+        pods,
+        _l: Listeners(l),
+    }
+}
+
+fn tcp(t: &Topo, from: usize, to: usize, port: u16) -> bool {
+    t.pods[from]
+        .0
+        .exec("timeout")
+        .args([
+            "0.7",
+            "nc",
+            "-z",
+            "-w",
+            "1",
+            t.pods[to].1,
+            &port.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+fn allow_all() -> Vec<Rule> {
+    vec![Rule {
+        action: ACT_ALLOW,
+        ..Rule::default()
+    }]
+}
+
+fn allow_tcp_port(port: u16) -> Vec<Rule> {
+    vec![Rule {
+        action: ACT_ALLOW,
+        flags: F_PROTO,
+        proto: 6,
+        dst: Side {
+            ports: vec![(port, port)],
+            ..Side::default()
+        },
+        ..Rule::default()
+    }]
+}
+
+/// Writes `rules` into a slot per hook and points the interface's entry at them.
+fn program(k: &mut BpfMaps, iface: &str, slot_base: u32, hooks: [Vec<Rule>; 2]) {
+    let ifindex = k.ifindex(iface).unwrap();
+    k.attach(iface, ifindex).unwrap();
+    for (h, rules) in hooks.iter().enumerate() {
+        for (i, r) in rules.iter().enumerate() {
+            k.put_rule(slot_base + h as u32, i as u32, r).unwrap();
+        }
+    }
+    k.put_endpoint(
+        ifindex,
+        &Endpoint {
+            slot: [slot_base, slot_base + 1],
+            count: [hooks[0].len() as u32, hooks[1].len() as u32],
+            flags: 0,
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn programs_enforce_fail_closed_ports_replies_and_an_atomic_flip() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let fs = PrivateBpffs::new();
+    let t = topo("bpfk");
+    // Both directions work before any program.
+    assert!(tcp(&t, 0, 1, 80));
+    in_ns(&t.node, || {
+        let mut k = BpfMaps::load(&fs.path().join("nodea")).unwrap();
+        assert!(
+            fs.path().join("nodea/mgy_eps").exists(),
+            "maps pinned per node"
+        );
+        // b gets programs but no endpoint entry: fail closed, both ways.
+        let ib = k.ifindex("calib0").unwrap();
+        k.attach("calib0", ib).unwrap();
+        assert!(k.attached().all(|(_, _, m)| m == AttachMode::Tcx));
+        assert!(
+            !tcp(&t, 0, 1, 80),
+            "an interface without an endpoint entry drops"
+        );
+        // b: ingress allows tcp/80 only; egress allows everything. The reply to a's
+        // connection passes b's egress hook by conntrack too.
+        program(&mut k, "calib0", 10, [allow_all(), allow_tcp_port(80)]);
+        assert!(tcp(&t, 0, 1, 80));
+        assert!(!tcp(&t, 0, 1, 81));
+        // b's egress now denies everything new: a -> b:80 still works (replies are
+        // established), b -> a does not.
+        program(&mut k, "calib0", 20, [vec![], allow_tcp_port(80)]);
+        assert!(tcp(&t, 0, 1, 80), "replies pass without policy");
+        assert!(!tcp(&t, 1, 0, 80), "new flows from b are denied");
+        // The flip: port 81 instead of 80, in one endpoint write.
+        program(&mut k, "calib0", 30, [allow_all(), allow_tcp_port(81)]);
+        assert!(tcp(&t, 0, 1, 81));
+        assert!(!tcp(&t, 0, 1, 80));
+        drop(k);
+    });
+    // Dropping the loader detaches everything: traffic flows again.
+    assert!(tcp(&t, 0, 1, 80));
+}
+
+/// The largest rule the limits allow, `MAX_RULES` times; the packet matches none until the
+/// last, so the loop runs to its bound.
+#[test]
+fn the_largest_policy_loads_passes_the_verifier_and_is_evaluated_to_the_end() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let fs = PrivateBpffs::new();
+    let t = topo("bpfbig");
+    in_ns(&t.node, || {
+        let mut k = BpfMaps::load(&fs.path().join("big")).unwrap();
+        // Set 1 holds a's address; sets 2..=8 hold nothing relevant.
+        let mut sets: BTreeMap<u32, BTreeSet<IpSetEntry>> = BTreeMap::new();
+        let e = IpSetEntry {
+            set_id: 1,
+            addr: ip(PODS[0].0),
+            prefix: Some(32),
+            port: 0,
+            proto: 0,
+        };
+        sets.entry(1).or_default().insert(e);
+        k.put_set_entry(&e).unwrap();
+        let full_side = |pos: u32| Side {
+            sets: vec![pos; MAX_SETS],
+            not_sets: vec![2; MAX_SETS],
+            named: vec![3; MAX_NAMED],
+            not_named: vec![4; MAX_NAMED],
+            // Port 80 only in the last range: every range is compared.
+            ports: (0..MAX_PORTS as u16)
+                .map(|i| {
+                    if i == MAX_PORTS as u16 - 1 {
+                        (80, 80)
+                    } else {
+                        (1000 + i, 1000 + i)
+                    }
+                })
+                .collect(),
+            not_ports: vec![(7, 7); MAX_PORTS],
+        };
+        let miss = Rule {
+            action: ACT_ALLOW,
+            flags: F_PROTO | F_NOT_PROTO,
+            proto: 6,
+            not_proto: 17,
+            src: Side {
+                // Set 5 is empty: the source never matches, after every other test ran.
+                ..full_side(5)
+            },
+            dst: full_side(5),
+            ..Rule::default()
+        };
+        let hit = Rule {
+            src: Side {
+                sets: vec![1],
+                ..Side::default()
+            },
+            dst: Side {
+                ports: vec![(80, 80)],
+                ..Side::default()
+            },
+            ..miss.clone()
+        };
+        let mut rules = vec![miss; MAX_RULES - 1];
+        rules.push(hit);
+        let started = Instant::now();
+        program(&mut k, "calib0", 0, [allow_all(), rules]);
+        eprintln!(
+            "wrote {} rules of {} bytes in {:?}",
+            MAX_RULES,
+            RULE_SIZE,
+            started.elapsed()
+        );
+        assert!(tcp(&t, 0, 1, 80), "the last rule allows");
+        assert!(!tcp(&t, 0, 1, 81), "no rule allows");
+    });
+}

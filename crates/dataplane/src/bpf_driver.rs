@@ -1,0 +1,317 @@
+//! The eBPF dataplane driver (`BPFEnabled=true`): workload policy in BPF programs and maps
+//! (crates/bpf), routes, VXLAN, sysctls and workload interface settings exactly as the Linux
+//! driver does them (the same `linux::*` parts). It replaces nftables policy only.
+//!
+//! Like the Linux driver, each batch goes into the model first and the kernel is written
+//! only after `InSync`; a failed write, or an endpoint whose interface does not exist yet,
+//! is retried by [`DataplaneDriver::housekeeping`]. The programs are attached in the
+//! network namespace of the thread calling `apply`/`housekeeping` (Felix runs inside its
+//! node's namespace).
+//!
+//! DefaultEndpointToHostAction and natOutgoing stay in a small nftables table
+//! ([`crate::bpf_host_nft`]). Not in this milestone (see crates/bpf/DESIGN.md): host
+//! endpoints, IPv6, restoring state across
+//! restarts (the maps are cleared at start and programs detach when Felix exits), conntrack
+//! garbage collection (the LRU map evicts), per-rule counters.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use margay_bpf::compile::CompileConfig;
+use margay_bpf::loader::{BpfMaps, LoadError, ensure_bpffs};
+use margay_bpf::sync::{SyncReport, Syncer};
+use margay_calc::Message;
+
+use crate::bpf_host_nft::{HostNft, HostNftConfig};
+use crate::linux::interfaces::{InterfaceConfig, WorkloadInterfaces};
+use crate::linux::routing::{Routing, RoutingConfig};
+use crate::linux::sysctl::{ProcSys, Sysctl};
+use crate::{DataplaneDriver, DataplaneError, EndpointStatus, Recording, StatusUpdate};
+
+#[derive(Debug, Clone)]
+pub struct BpfDriverConfig {
+    /// Where the maps are pinned; unique per Felix instance (`<bpffs>/margay/<node>`).
+    pub pin_dir: PathBuf,
+    /// Mount a BPF filesystem here first when there is none (e.g. /sys/fs/bpf); None: the
+    /// caller guarantees `pin_dir` is on one.
+    pub bpffs_mount: Option<PathBuf>,
+    pub compile: CompileConfig,
+    /// Workload interface prefixes (InterfacePrefix): an interface with one of them that no
+    /// endpoint claims gets the programs and no entry, so it drops (fail closed).
+    pub workload_prefixes: Vec<String>,
+    pub routing: Option<RoutingConfig>,
+    pub route_refresh_interval: Duration,
+    pub status_prefix: Option<PathBuf>,
+    pub global_sysctls: Vec<Sysctl>,
+    pub interfaces: Option<InterfaceConfig>,
+    /// DefaultEndpointToHostAction and natOutgoing, still in nftables (None: neither).
+    pub host_nft: Option<HostNftConfig>,
+}
+
+pub struct BpfDriver {
+    state: Recording,
+    maps: BpfMaps,
+    syncer: Syncer,
+    dirty: bool,
+    routing: Option<Routing>,
+    route_refresh_interval: Duration,
+    last_route_refresh: Instant,
+    status_files: Option<crate::status_files::StatusFiles>,
+    sys: ProcSys,
+    global_sysctls: Option<Vec<Sysctl>>,
+    interfaces: Option<WorkloadInterfaces>,
+    in_sync_pending: bool,
+    in_sync_reported: bool,
+    host_nft: Option<HostNft>,
+    workload_prefixes: Vec<String>,
+    last_report: SyncReport,
+}
+
+impl BpfDriver {
+    /// Mounts bpffs if asked, loads the programs (the verifier runs here, so a kernel that
+    /// cannot run them fails Felix's start with the reason) and pins the maps.
+    pub fn new(cfg: BpfDriverConfig) -> Result<(BpfDriver, Recording), LoadError> {
+        if let Some(m) = &cfg.bpffs_mount
+            && ensure_bpffs(m)?
+        {
+            tracing::info!(dir = %m.display(), "mounted a BPF filesystem");
+        }
+        let maps = BpfMaps::load(&cfg.pin_dir)?;
+        tracing::info!(pin_dir = %cfg.pin_dir.display(), "eBPF policy programs loaded");
+        let state = Recording::default();
+        Ok((
+            BpfDriver {
+                state: state.clone(),
+                maps,
+                syncer: Syncer::new(cfg.compile),
+                dirty: false,
+                routing: cfg.routing.map(Routing::new),
+                route_refresh_interval: cfg.route_refresh_interval,
+                last_route_refresh: Instant::now(),
+                status_files: cfg
+                    .status_prefix
+                    .as_deref()
+                    .map(crate::status_files::StatusFiles::new),
+                sys: ProcSys::default(),
+                global_sysctls: Some(cfg.global_sysctls),
+                interfaces: cfg.interfaces.map(WorkloadInterfaces::new),
+                in_sync_pending: false,
+                in_sync_reported: false,
+                host_nft: cfg.host_nft.map(HostNft::new),
+                workload_prefixes: cfg.workload_prefixes,
+                last_report: SyncReport::default(),
+            },
+            state,
+        ))
+    }
+
+    /// What the last successful write did.
+    pub fn last_report(&self) -> &SyncReport {
+        &self.last_report
+    }
+
+    /// Interfaces with programs attached (name, ifindex).
+    pub fn attached(&self) -> Vec<(String, u32)> {
+        self.maps
+            .attached()
+            .map(|(n, i, _)| (n.clone(), i))
+            .collect()
+    }
+
+    fn write(&mut self) -> Result<Vec<StatusUpdate>, DataplaneError> {
+        let st = self.state.lock();
+        if !st.model.in_sync {
+            return Ok(Vec::new());
+        }
+        let report =
+            self.syncer
+                .sync(&st.model, &mut self.maps)
+                .map_err(|e| DataplaneError::Apply {
+                    what: "eBPF maps".into(),
+                    reason: e.to_string(),
+                })?;
+        self.syncer
+            .guard_unknown(&self.workload_prefixes, &mut self.maps)
+            .map_err(|e| DataplaneError::Apply {
+                what: "eBPF programs on unknown workload interfaces".into(),
+                reason: e.to_string(),
+            })?;
+        if let Some(h) = &mut self.host_nft {
+            h.sync(&st.model).map_err(|e| DataplaneError::Apply {
+                what: "nftables (endpoint-to-host, natOutgoing)".into(),
+                reason: e.to_string(),
+            })?;
+        }
+        if st.model.in_sync
+            && let Some(files) = &mut self.status_files
+            && let Err(e) = files.sync(&st.model)
+        {
+            tracing::warn!(dir = %files.dir().display(), "endpoint status files: {e}");
+        }
+        drop(st);
+        // An endpoint whose interface is not there yet is retried at housekeeping.
+        self.dirty = !report.missing_interfaces.is_empty();
+        if !report.missing_interfaces.is_empty() {
+            tracing::debug!(interfaces = ?report.missing_interfaces, "eBPF: workload interfaces do not exist yet");
+        }
+        self.last_report = report;
+        let mut out = Vec::new();
+        if self.in_sync_pending {
+            self.in_sync_pending = false;
+            if !self.in_sync_reported {
+                self.in_sync_reported = true;
+                out.push(StatusUpdate::DataplaneInSync);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Programs (and no entry) on workload interfaces no endpoint claims.
+    fn guard_unknown(&mut self) -> Result<(), DataplaneError> {
+        self.syncer
+            .guard_unknown(&self.workload_prefixes, &mut self.maps)
+            .map(drop)
+            .map_err(|e| DataplaneError::Apply {
+                what: "eBPF programs on unknown workload interfaces".into(),
+                reason: e.to_string(),
+            })
+    }
+
+    fn configure_kernel(&mut self) {
+        let Some(settings) = self.global_sysctls.take() else {
+            return;
+        };
+        let r = self.sys.apply(&settings);
+        for (s, e) in &r.failed {
+            tracing::error!(setting = %s.dotted(), "cannot set {}: {e} (workloads will not be reachable through this host)", s.value);
+        }
+    }
+
+    fn write_interfaces(&mut self) {
+        let Some(ifaces) = &mut self.interfaces else {
+            return;
+        };
+        let now = Instant::now();
+        if !ifaces.needs_apply(now) {
+            return;
+        }
+        let r = ifaces.apply(&self.sys, now);
+        for e in &r.errors {
+            tracing::warn!("workload interface settings: {e}; will retry");
+        }
+    }
+
+    fn write_routes(&mut self, force: bool) {
+        let Some(routing) = &mut self.routing else {
+            return;
+        };
+        if !force && !routing.needs_apply() {
+            return;
+        }
+        match routing.apply() {
+            Ok(report) => {
+                for e in &report.errors {
+                    tracing::warn!(error = %e, "routing: will retry");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "programming routes failed; will retry"),
+        }
+    }
+
+    fn endpoint_statuses(&self, batch: &[Message]) -> Vec<StatusUpdate> {
+        let mut out = Vec::new();
+        for m in batch {
+            match m {
+                Message::WorkloadEndpointUpdate { id, endpoint } => {
+                    let up = self
+                        .maps
+                        .attached()
+                        .any(|(n, _, _)| *n == endpoint.interface);
+                    let status = if self.last_report.refused_endpoints.contains(id) {
+                        EndpointStatus::Error
+                    } else if up {
+                        EndpointStatus::Up
+                    } else {
+                        EndpointStatus::Down
+                    };
+                    out.push(StatusUpdate::WorkloadEndpoint {
+                        id: id.clone(),
+                        status,
+                    });
+                }
+                Message::WorkloadEndpointRemove { id } => {
+                    out.push(StatusUpdate::WorkloadEndpointRemoved { id: id.clone() })
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
+impl DataplaneDriver for BpfDriver {
+    fn name(&self) -> &'static str {
+        "bpf"
+    }
+
+    fn apply(&mut self, batch: &[Message]) -> Result<Vec<StatusUpdate>, DataplaneError> {
+        self.configure_kernel();
+        {
+            let mut st = self.state.lock();
+            st.model.apply_all(batch)?;
+            st.messages_applied += batch.len() as u64;
+        }
+        if batch.contains(&Message::InSync) {
+            self.in_sync_pending = true;
+        }
+        if let Some(r) = &mut self.routing {
+            r.on_messages(batch);
+        }
+        if let Some(i) = &mut self.interfaces {
+            for m in batch {
+                i.on_message(m);
+            }
+        }
+        // Policy first: a new workload is reachable only once its programs are in.
+        let written = if batch.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.write()
+        };
+        if written.is_err() {
+            self.dirty = true;
+        }
+        self.write_interfaces();
+        self.write_routes(false);
+        let mut status = written?;
+        status.extend(self.endpoint_statuses(batch));
+        Ok(status)
+    }
+
+    fn housekeeping(&mut self) -> Result<Vec<StatusUpdate>, DataplaneError> {
+        self.configure_kernel();
+        let mut out = Vec::new();
+        if self.dirty {
+            match self.write() {
+                Ok(s) => out.extend(s),
+                Err(e) => {
+                    self.dirty = true;
+                    return Err(e);
+                }
+            }
+        }
+        // A new interface (a pod being wired) is closed within a housekeeping period.
+        if self.in_sync_reported {
+            self.guard_unknown()?;
+        }
+        let now = Instant::now();
+        let refresh = !self.route_refresh_interval.is_zero()
+            && now.duration_since(self.last_route_refresh) >= self.route_refresh_interval;
+        if refresh {
+            self.last_route_refresh = now;
+        }
+        self.write_interfaces();
+        self.write_routes(refresh);
+        Ok(out)
+    }
+}
