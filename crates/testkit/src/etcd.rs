@@ -147,24 +147,36 @@ pub struct EtcdServer {
 impl EtcdServer {
     /// Starts a single-member etcd and waits until it is healthy.
     pub fn start() -> io::Result<EtcdServer> {
-        let mut s = EtcdServer::prepare("m0", free_port()?, free_port()?, None, "margay-test")?;
-        s.spawn()?;
-        s.wait_healthy()?;
-        Ok(s)
+        EtcdServer::start_single(None)
     }
 
     /// Starts a single-member etcd whose client port speaks TLS and requires client
     /// certificates signed by the test CA.
     pub fn start_tls(pki: &TestPki) -> io::Result<EtcdServer> {
-        let mut s = EtcdServer::prepare("m0", free_port()?, free_port()?, None, "margay-test")?;
-        s.tls = Some((
+        EtcdServer::start_single(Some((
             pki.server_cert.clone(),
             pki.server_key.clone(),
             pki.ca.clone(),
-        ));
-        s.spawn()?;
-        s.wait_healthy()?;
-        Ok(s)
+        )))
+    }
+
+    /// A free port is only free until someone else binds it: with tests running in parallel,
+    /// another process may take one between `free_port` and etcd's bind. Such a start is
+    /// retried on fresh ports (a few times); any other failure is reported at once.
+    fn start_single(tls: Option<(PathBuf, PathBuf, PathBuf)>) -> io::Result<EtcdServer> {
+        const ATTEMPTS: usize = 4;
+        let mut last = None;
+        for _ in 0..ATTEMPTS {
+            let mut s = EtcdServer::prepare("m0", free_port()?, free_port()?, None, "margay-test")?;
+            s.tls = tls.clone();
+            s.spawn()?;
+            match s.wait_healthy() {
+                Ok(()) => return Ok(s),
+                Err(e) if e.to_string().contains("address already in use") => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("etcd did not start")))
     }
 
     fn prepare(
