@@ -34,6 +34,7 @@ use crate::rules::{
     NAMESPACE_LABEL_PREFIX, NAMESPACE_PROFILE_PREFIX, SERVICE_ACCOUNT_LABEL_PREFIX,
     SERVICE_ACCOUNT_PROFILE_PREFIX, ScannedRules,
 };
+use crate::services::{KubeEndpointSlice, KubeService, ServiceChange, ServiceIndex};
 
 /// Where routes to remote workloads come from (FelixConfiguration `routeSource`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -88,6 +89,7 @@ impl Payload {
                     }
                 }
             }
+            // Filled from the service index (`CalcGraph::refresh_service_ip_sets`).
             IpSetSource::Service { .. } => {}
         }
     }
@@ -269,6 +271,8 @@ pub struct CalcGraph {
     /// The service CIDRs of BGPConfiguration `default` (none when it is absent).
     service_cidrs: ServiceCidrs,
     sent_service_cidrs: Option<ServiceCidrs>,
+    /// Kubernetes Services and EndpointSlices (and what the dataplane has of them).
+    services: ServiceIndex,
 
     // What changed since the last flush.
     dirty_eps: BTreeSet<ItemKey>,
@@ -355,6 +359,7 @@ fn prefix_and_append(current: String, extra: &str, prefix: &str) -> Result<Strin
 
 impl CalcGraph {
     pub fn new(config: CalcConfig) -> CalcGraph {
+        let services = ServiceIndex::new(&config.hostname);
         CalcGraph {
             config,
             labels: LabelIndex::new(),
@@ -385,6 +390,7 @@ impl CalcGraph {
             sent_encap: None,
             service_cidrs: ServiceCidrs::default(),
             sent_service_cidrs: None,
+            services,
             dirty_eps: BTreeSet::new(),
             dirty_policies: BTreeSet::new(),
             dirty_profiles: BTreeSet::new(),
@@ -610,6 +616,95 @@ impl CalcGraph {
                 .map(|(c, _)| *c)
                 .collect();
             self.dirty_cidrs.extend(inside);
+        }
+    }
+
+    /// A Kubernetes Service created or changed (`Some`) or deleted (`None`). One the proxy
+    /// cannot use counts as deleted and is listed by `problems()`.
+    pub fn on_kube_service(&mut self, namespace: &str, name: &str, svc: Option<&KubeService>) {
+        let result = self.services.on_service(namespace, name, svc);
+        self.refresh_service_ip_sets(&[(namespace.to_string(), name.to_string())]);
+        self.note_problem(
+            format!("Service {namespace}/{name}"),
+            result.map_err(|e| e.to_string()),
+        );
+    }
+
+    /// A `discovery.k8s.io/v1` EndpointSlice created or changed (`Some`) or deleted (`None`).
+    pub fn on_endpoint_slice(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        slice: Option<&KubeEndpointSlice>,
+    ) {
+        let result = self.services.on_endpoint_slice(namespace, name, slice);
+        if let Ok(touched) = &result {
+            self.refresh_service_ip_sets(touched);
+        }
+        self.note_problem(
+            format!("EndpointSlice {namespace}/{name}"),
+            result.map(drop).map_err(|e| e.to_string()),
+        );
+    }
+
+    /// The service ports the dataplane should have for one Service (for status and tests).
+    pub fn service_ports(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> BTreeMap<crate::services::ServicePortId, crate::services::ServicePort> {
+        self.services.ports_of(namespace, name)
+    }
+
+    fn note_problem(&mut self, key: String, result: Result<(), String>) {
+        match result {
+            Ok(()) => {
+                self.problems.remove(&key);
+            }
+            Err(reason) => {
+                self.counts_invalid += 1;
+                tracing::warn!(resource = %key, %reason, "treating resource as absent");
+                self.problems.insert(key, reason);
+            }
+        }
+    }
+
+    /// Brings the active `destination.services` IP sets of these services up to date.
+    fn refresh_service_ip_sets(&mut self, services: &[(String, String)]) {
+        for (ns, name) in services {
+            let want = self.services.ip_set_members(ns, name);
+            let id = IpSetSource::Service {
+                namespace: ns.clone(),
+                name: name.clone(),
+            }
+            .id();
+            let Some(st) = self.ip_sets.get_mut(&id) else {
+                continue;
+            };
+            if st.refs == 0 {
+                continue;
+            }
+            let stale: Vec<IpSetMember> = st
+                .members
+                .keys()
+                .filter(|m| !want.contains(m))
+                .copied()
+                .collect();
+            let mut changed = false;
+            for m in stale {
+                // Service members are counted once: drop the whole count.
+                while st.members.contains_key(&m) {
+                    changed |= remove_member(st, m);
+                }
+            }
+            for m in want {
+                if !st.members.contains_key(&m) {
+                    changed |= add_member(st, m);
+                }
+            }
+            if changed {
+                self.dirty_ip_sets.insert(id);
+            }
         }
     }
 

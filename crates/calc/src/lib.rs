@@ -17,6 +17,7 @@ pub mod labels;
 pub mod messages;
 pub mod model;
 pub mod rules;
+pub mod services;
 
 pub use graph::{
     CalcConfig, CalcCounts, CalcGraph, IpSetStatus, Problem, RouteSource, vxlan_mac_for_node,

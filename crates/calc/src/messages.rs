@@ -415,6 +415,15 @@ pub enum Message {
     /// The service addresses of BGPConfiguration `default` (Calico's GlobalBGPConfigUpdate):
     /// what ServiceLoopPrevention protects.
     GlobalBgpConfig(ServiceCidrs),
+    /// One port of a Kubernetes Service: its frontends and usable backends (Calico's
+    /// ServiceUpdate carries the Service; margay sends what a proxy programs, per port).
+    ServiceUpdate {
+        id: crate::services::ServicePortId,
+        service: Arc<crate::services::ServicePort>,
+    },
+    ServiceRemove {
+        id: crate::services::ServicePortId,
+    },
 }
 
 /// Service address ranges a cluster advertises (BGPConfiguration `serviceClusterIPs`,
@@ -490,6 +499,8 @@ impl Message {
             Message::VtepRemove { .. } => "VXLANTunnelEndpointRemove",
             Message::Encapsulation { .. } => "Encapsulation",
             Message::GlobalBgpConfig(_) => "GlobalBGPConfigUpdate",
+            Message::ServiceUpdate { .. } => "ServiceUpdate",
+            Message::ServiceRemove { .. } => "ServiceRemove",
         }
     }
 }

@@ -28,6 +28,7 @@ pub struct DataplaneModel {
     pub vteps: BTreeMap<String, Vtep>,
     pub encapsulation: Option<(bool, bool, bool)>,
     pub service_cidrs: crate::ServiceCidrs,
+    pub services: BTreeMap<crate::services::ServicePortId, Arc<crate::services::ServicePort>>,
 }
 
 /// A message that broke the dataplane's ordering contract.
@@ -211,6 +212,14 @@ impl DataplaneModel {
                 vxlan_v6,
             } => self.encapsulation = Some((*ipip, *vxlan, *vxlan_v6)),
             Message::GlobalBgpConfig(s) => self.service_cidrs = s.clone(),
+            Message::ServiceUpdate { id, service } => {
+                self.services.insert(id.clone(), service.clone());
+            }
+            Message::ServiceRemove { id } => {
+                self.services
+                    .remove(id)
+                    .ok_or_else(|| ContractError::RemoveMissing(format!("service port {id}")))?;
+            }
         }
         Ok(())
     }

@@ -63,9 +63,9 @@ pub enum IpSetSource {
         protocol: Option<PortProtocol>,
         port: String,
     },
-    /// A Kubernetes Service's endpoints. Margay has no Kubernetes datastore yet, so these sets
-    /// stay empty: a rule naming a service matches no traffic (Calico's behaviour for a service
-    /// with no endpoints).
+    /// A Kubernetes Service's endpoints (address, protocol, port), from its EndpointSlices
+    /// (`services::ServiceIndex::ip_set_members`); empty while the service or its slices are
+    /// unknown: a rule naming it then matches no traffic, as in Calico.
     Service { namespace: String, name: String },
 }
 

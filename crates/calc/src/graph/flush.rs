@@ -403,6 +403,13 @@ impl CalcGraph {
             out.push(Message::GlobalBgpConfig(self.service_cidrs.clone()));
             self.sent_service_cidrs = Some(self.service_cidrs.clone());
         }
+        // Services last: they reference nothing else the dataplane holds.
+        let mut changes = Vec::new();
+        self.services.flush(&mut changes);
+        out.extend(changes.into_iter().map(|c| match c {
+            ServiceChange::Update(id, service) => Message::ServiceUpdate { id, service },
+            ServiceChange::Remove(id) => Message::ServiceRemove { id },
+        }));
         if self.in_sync_pending {
             self.in_sync_pending = false;
             self.in_sync_sent = true;

@@ -33,6 +33,11 @@ impl CalcGraph {
             }
             self.sel_users.entry(sel).or_default().push(id.to_string());
         }
+        if let IpSetSource::Service { namespace, name } = source {
+            for m in self.services.ip_set_members(namespace, name) {
+                members.insert(m, 1);
+            }
+        }
         match self.ip_sets.get_mut(id) {
             // Released but not yet removed from the dataplane: revive it with a full update.
             Some(st) => {
