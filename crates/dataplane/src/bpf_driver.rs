@@ -242,6 +242,9 @@ impl BpfDriver {
                 Message::WorkloadEndpointRemove { id } => {
                     out.push(StatusUpdate::WorkloadEndpointRemoved { id: id.clone() })
                 }
+                Message::ServiceUpdate { id, .. } => {
+                    tracing::debug!(%id, "service not programmed: the eBPF dataplane has no service maps yet")
+                }
                 _ => {}
             }
         }

@@ -118,6 +118,10 @@ pub fn transaction(table: &str, from: &Fingerprint, to: &NftState) -> (String, T
     }
     // 2. Set elements: removals, then additions.
     for (name, set) in &to.sets {
+        // The kernel fills dynamic sets (service affinity): their elements are not ours.
+        if set.decl.contains("flags dynamic") {
+            continue;
+        }
         let empty = BTreeSet::new();
         let have = from.sets.get(name).map_or(&empty, |(_, e)| e);
         let removed: Vec<&String> = have.difference(&set.elements).collect();
@@ -317,6 +321,9 @@ pub fn plan(table: &str, from: &Fingerprint, to: &NftState) -> Plan {
     // 2. Set elements (the interface set: removals only here).
     let mut iface_adds = None;
     for (name, set) in &to.sets {
+        if set.decl.contains("flags dynamic") {
+            continue;
+        }
         let empty = BTreeSet::new();
         let have = from.sets.get(name).map_or(&empty, |(_, e)| e);
         let delete: Vec<(String, Option<String>)> = have

@@ -29,13 +29,26 @@ pub enum ElemType {
     Ifname,
     /// `ifname : verdict` (a verdict map).
     IfnameVerdict,
+    /// `ipv4_addr . inet_proto . inet_service : verdict` (services by address).
+    AddrProtoPortVerdict,
+    /// `inet_proto . inet_service : verdict` (NodePorts).
+    ProtoPortVerdict,
 }
 
 impl ElemType {
     pub fn of_decl(decl: &str) -> Option<ElemType> {
         let interval = decl.contains("flags interval");
+        let addr = decl.contains("ipv4_addr") || decl.contains("ipv6_addr");
         if decl.contains(": verdict") && decl.contains("ifname") {
             Some(ElemType::IfnameVerdict)
+        } else if decl.contains(": verdict") && decl.contains("inet_proto . inet_service") {
+            Some(if addr {
+                ElemType::AddrProtoPortVerdict
+            } else {
+                ElemType::ProtoPortVerdict
+            })
+        } else if decl.contains(": verdict") {
+            None
         } else if decl.contains("inet_proto") && decl.contains("inet_service") {
             Some(ElemType::AddrProtoPort)
         } else if decl.contains("type ifname") {
@@ -189,26 +202,22 @@ fn keys(kind: ElemType, text: &str) -> Result<Vec<(Vec<u8>, u32)>, String> {
             }
             Ok(out)
         }
-        ElemType::AddrProtoPort => {
+        ElemType::AddrProtoPort | ElemType::AddrProtoPortVerdict => {
             let parts: Vec<&str> = text.split(" . ").collect();
             let [ip, proto, port] = parts.as_slice() else {
                 return Err("expected `address . protocol . port`".into());
             };
             let ip: IpAddr = ip.parse().map_err(|_| "not an address".to_string())?;
-            let proto: u8 = match *proto {
-                "tcp" => 6,
-                "udp" => 17,
-                "sctp" => 132,
-                other => other
-                    .parse()
-                    .map_err(|_| format!("unknown protocol {other}"))?,
-            };
-            let port: u16 = port.parse().map_err(|_| "bad port".to_string())?;
             let mut key = addr_bytes(ip);
-            key.extend_from_slice(&[proto, 0, 0, 0]);
-            key.extend_from_slice(&port.to_be_bytes());
-            key.extend_from_slice(&[0, 0]);
+            key.extend(proto_port_key(proto, port)?);
             Ok(vec![(key, 0)])
+        }
+        ElemType::ProtoPortVerdict => {
+            let parts: Vec<&str> = text.split(" . ").collect();
+            let [proto, port] = parts.as_slice() else {
+                return Err("expected `protocol . port`".into());
+            };
+            Ok(vec![(proto_port_key(proto, port)?, 0)])
         }
         ElemType::Ifname | ElemType::IfnameVerdict => {
             let name = text.trim_matches('"');
@@ -220,6 +229,23 @@ fn keys(kind: ElemType, text: &str) -> Result<Vec<(Vec<u8>, u32)>, String> {
             Ok(vec![(key, 0)])
         }
     }
+}
+
+/// `inet_proto . inet_service` as concatenation fields (each padded to 4 bytes).
+fn proto_port_key(proto: &str, port: &str) -> Result<Vec<u8>, String> {
+    let proto: u8 = match proto {
+        "tcp" => 6,
+        "udp" => 17,
+        "sctp" => 132,
+        other => other
+            .parse()
+            .map_err(|_| format!("unknown protocol {other}"))?,
+    };
+    let port: u16 = port.parse().map_err(|_| "bad port".to_string())?;
+    let mut key = vec![proto, 0, 0, 0];
+    key.extend_from_slice(&port.to_be_bytes());
+    key.extend_from_slice(&[0, 0]);
+    Ok(key)
 }
 
 fn verdict(v: &str) -> Result<(i32, String), String> {
@@ -264,7 +290,12 @@ pub fn encode_messages(
                             }
                         };
                         let v = match (change.kind, data) {
-                            (ElemType::IfnameVerdict, Some(d)) => match verdict(d) {
+                            (
+                                ElemType::IfnameVerdict
+                                | ElemType::AddrProtoPortVerdict
+                                | ElemType::ProtoPortVerdict,
+                                Some(d),
+                            ) => match verdict(d) {
                                 Ok(v) => Some(v),
                                 Err(reason) => {
                                     err = Some(encode_err(reason));
@@ -472,6 +503,25 @@ mod tests {
             keys(ElemType::AddrProtoPort, "10.0.0.1 . tcp . 8080").unwrap(),
             vec![(vec![10, 0, 0, 1, 6, 0, 0, 0, 0x1f, 0x90, 0, 0], 0)]
         );
+        // Service maps: the same concatenation, and the NodePort one without the address.
+        assert_eq!(
+            ElemType::of_decl("type ipv4_addr . inet_proto . inet_service : verdict;"),
+            Some(ElemType::AddrProtoPortVerdict)
+        );
+        assert_eq!(
+            ElemType::of_decl("type inet_proto . inet_service : verdict;"),
+            Some(ElemType::ProtoPortVerdict)
+        );
+        assert_eq!(
+            keys(ElemType::AddrProtoPortVerdict, "10.96.0.10 . udp . 53").unwrap(),
+            vec![(vec![10, 96, 0, 10, 17, 0, 0, 0, 0, 53, 0, 0], 0)]
+        );
+        assert_eq!(
+            keys(ElemType::ProtoPortVerdict, "tcp . 30080").unwrap(),
+            vec![(vec![6, 0, 0, 0, 0x75, 0x80, 0, 0], 0)]
+        );
+        assert!(keys(ElemType::ProtoPortVerdict, "tcp . 70000").is_err());
+        assert!(verdict("goto sc4-abc").is_ok());
         let k = keys(ElemType::Ifname, "\"cali1\"").unwrap();
         assert_eq!(k[0].0.len(), 16);
         assert_eq!(&k[0].0[..5], b"cali1");

@@ -215,6 +215,8 @@ pub fn fingerprint(json: &Value) -> Result<Fingerprint, NftError> {
             let Some(name) = map.get("name").and_then(Value::as_str) else {
                 continue;
             };
+            // Interface names are rendered quoted; concatenations (services) are not.
+            let quoted = map.get("type").and_then(Value::as_str) == Some("ifname");
             let mut elems = BTreeMap::new();
             for e in map
                 .get("elem")
@@ -226,7 +228,7 @@ pub fn fingerprint(json: &Value) -> Result<Fingerprint, NftError> {
                 let key = pair.and_then(|p| p.first()).and_then(element_string);
                 let verdict = pair.and_then(|p| p.get(1)).and_then(verdict_string);
                 if let (Some(k), Some(v)) = (key, verdict) {
-                    elems.insert(format!("\"{k}\""), v);
+                    elems.insert(if quoted { format!("\"{k}\"") } else { k }, v);
                 } else {
                     elems.insert(format!("?{e}"), String::new());
                 }

@@ -53,6 +53,9 @@ pub use rules::*;
 mod base;
 pub use base::*;
 
+mod services;
+pub use services::*;
+
 /// What to do with traffic from a workload to its own host once its egress policy allowed it
 /// (FelixConfiguration `defaultEndpointToHostAction`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -439,6 +442,11 @@ type RenderedPolicy = (
 pub struct Renderer {
     policies: HashMap<PolicyId, RenderedPolicy>,
     profiles: HashMap<String, (Arc<ResolvedProfile>, ChainSpec, ChainSpec)>,
+    /// Service ports, rendered once per value (a backend change re-renders one service).
+    services: HashMap<
+        margay_calc::services::ServicePortId,
+        (Arc<margay_calc::services::ServicePort>, RenderedService),
+    >,
     cfg_key: String,
 }
 
@@ -457,6 +465,7 @@ impl Renderer {
         if cfg_key != self.cfg_key {
             self.policies.clear();
             self.profiles.clear();
+            self.services.clear();
             self.cfg_key = cfg_key;
         }
         let mut st = NftState::default();
@@ -678,6 +687,27 @@ impl Renderer {
             !model.pools.values().all(|p| !p.masquerade),
             !model.service_cidrs.is_empty(),
         );
+
+        // Services (only while there are any).
+        if !model.services.is_empty() {
+            service_base(&mut st, cfg);
+            for (id, sp) in &model.services {
+                let cached = self
+                    .services
+                    .get(id)
+                    .filter(|(p, _)| Arc::ptr_eq(p, sp) || **p == **sp);
+                match cached {
+                    Some((_, r)) => add_service(&mut st, r),
+                    None => {
+                        let r = render_service(id, sp, cfg);
+                        add_service(&mut st, &r);
+                        self.services.insert(id.clone(), (sp.clone(), r));
+                    }
+                }
+            }
+        }
+        self.services
+            .retain(|id, _| model.services.contains_key(id));
         (st, summaries)
     }
 }
