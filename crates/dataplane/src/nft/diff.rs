@@ -199,11 +199,8 @@ pub fn transaction(table: &str, from: &Fingerprint, to: &NftState) -> (String, T
     for name in &doomed {
         let _ = writeln!(body, "flush chain inet {table} {name}");
     }
-    for name in &doomed {
-        let _ = writeln!(body, "delete chain inet {table} {name}");
-        stats.chains_deleted += 1;
-    }
-    // 7. Sets and maps nobody wants (rules using them are gone by now).
+    // 7. Sets and maps nobody wants (rules using them are gone by now), before the chains:
+    // a doomed map's elements may jump to doomed chains (the service section).
     for name in from.sets.keys() {
         if !to.sets.contains_key(name) {
             let _ = writeln!(body, "delete set inet {table} {name}");
@@ -215,6 +212,10 @@ pub fn transaction(table: &str, from: &Fingerprint, to: &NftState) -> (String, T
             let _ = writeln!(body, "delete map inet {table} {name}");
             stats.sets_deleted += 1;
         }
+    }
+    for name in &doomed {
+        let _ = writeln!(body, "delete chain inet {table} {name}");
+        stats.chains_deleted += 1;
     }
     if body.is_empty() && from.table_exists {
         return (String::new(), stats);
@@ -416,10 +417,8 @@ pub fn plan(table: &str, from: &Fingerprint, to: &NftState) -> Plan {
     for name in &doomed {
         let _ = writeln!(cleanup, "flush chain inet {table} {name}");
     }
-    for name in &doomed {
-        let _ = writeln!(cleanup, "delete chain inet {table} {name}");
-        stats.chains_deleted += 1;
-    }
+    // Sets and maps before chains: a doomed map's elements may still jump to doomed chains
+    // (the service section), and the rules that used the sets were flushed above.
     for name in from.sets.keys().filter(|k| !to.sets.contains_key(*k)) {
         let _ = writeln!(cleanup, "delete set inet {table} {name}");
         stats.sets_deleted += 1;
@@ -427,6 +426,10 @@ pub fn plan(table: &str, from: &Fingerprint, to: &NftState) -> Plan {
     for name in from.maps.keys().filter(|k| !to.maps.contains_key(*k)) {
         let _ = writeln!(cleanup, "delete map inet {table} {name}");
         stats.sets_deleted += 1;
+    }
+    for name in &doomed {
+        let _ = writeln!(cleanup, "delete chain inet {table} {name}");
+        stats.chains_deleted += 1;
     }
     p.cleanup = cleanup;
     p

@@ -301,7 +301,8 @@ pub(super) fn service_base(st: &mut NftState, cfg: &NftConfig) {
     );
     st.chains.insert(
         "svc-nat-out".into(),
-        base("output", vec!["jump services".into()], "nat", "dstnat"),
+        // nft 1.0 knows `dstnat` in prerouting only: -100 is its value.
+        base("output", vec!["jump services".into()], "nat", "-100"),
     );
     st.chains.insert(CHAIN_NOEP.into(), chain(noep));
     let mut input = vec![format!("ct state new jump {CHAIN_NOEP}")];
@@ -596,6 +597,34 @@ mod tests {
         // A v4-only service: the v6 maps exist but hold nothing.
         assert!(st.maps["svc-ips-6"].elements.is_empty());
         assert_eq!(st.maps["svc-ips-4"].elements.len(), 2);
+    }
+
+    #[test]
+    fn scaling_to_zero_plans_element_moves_before_chain_deletes() {
+        let mut r = Renderer::new();
+        let (s1, _) = r.render(
+            &model(&[(id("web"), port(&[be("10.65.0.1", 80)], &[]))]),
+            &cfg(),
+        );
+        let (s2, _) = r.render(&model(&[(id("web"), port(&[], &[]))]), &cfg());
+        let plan = crate::nft::diff::plan("margay", &crate::nft::diff::Fingerprint::of(&s1), &s2);
+        assert!(plan.full_replacement.is_none());
+        // The elements leave their maps (netlink, before the clean-up deletes the chains).
+        let moved: Vec<(&str, usize, usize)> = plan
+            .elements_after
+            .iter()
+            .map(|c| (c.set.as_str(), c.add.len(), c.delete.len()))
+            .collect();
+        assert_eq!(
+            moved,
+            vec![
+                ("svc-ips-4", 0, 2),
+                ("svc-nodeports-4", 0, 1),
+                ("svc-noep-4", 2, 0),
+                ("svc-noep-np-4", 1, 0)
+            ]
+        );
+        assert!(plan.cleanup.contains("delete chain inet margay sc4-"));
     }
 
     #[test]
