@@ -20,6 +20,7 @@
 pub mod api;
 pub mod convert;
 pub mod route;
+pub mod services;
 mod watch;
 
 use std::collections::{HashMap, VecDeque};

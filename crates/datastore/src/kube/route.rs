@@ -119,6 +119,7 @@ pub const NAMESPACES: ApiResource = ApiResource::core("namespaces", "Namespace",
 pub const SERVICE_ACCOUNTS: ApiResource =
     ApiResource::core("serviceaccounts", "ServiceAccount", true);
 pub const NODES: ApiResource = ApiResource::core("nodes", "Node", false);
+pub const SERVICES: ApiResource = ApiResource::core("services", "Service", true);
 pub const K8S_NETWORK_POLICIES: ApiResource = ApiResource {
     group: "networking.k8s.io",
     version: "v1",

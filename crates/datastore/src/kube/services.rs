@@ -1,0 +1,221 @@
+//! Kubernetes Services and EndpointSlices for margay's service proxy.
+//!
+//! These are not Calico resources and have no key in Calico's layout, so they do not go
+//! through the key/value contract: [`watch_services`] lists and watches the two API resources
+//! and sends the objects themselves (as JSON) in order, ending the initial listing with
+//! [`ServiceEvent::InSync`]. Felix's calculation graph decodes them
+//! (`margay_calc::services`). A watch the server ends is resumed from the last
+//! resourceVersion; a 410 Gone re-lists, and only differences (and deletions of what vanished)
+//! are sent, so a consumer never sees a spurious delete.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures_util::StreamExt;
+use kube::core::WatchEvent;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::api::{ApiError, KubeApi, parse_revision, resource_version};
+use super::route::{ApiResource, ENDPOINT_SLICES, SERVICES};
+
+/// Which of the two API resources an event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ServiceObjectKind {
+    Service,
+    EndpointSlice,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServiceEvent {
+    /// Created or changed (`Some`: the object as the API server sent it) or deleted (`None`).
+    Update {
+        kind: ServiceObjectKind,
+        namespace: String,
+        name: String,
+        object: Option<Value>,
+    },
+    /// Both resources have been listed: everything before this describes the cluster.
+    InSync,
+}
+
+/// Events sent in one batch at most.
+const MAX_BATCH: usize = 512;
+
+/// Lists and watches Services and EndpointSlices until `tx` is closed. Failures are retried
+/// with backoff (a cluster without the resources simply has none).
+pub async fn watch_services(api: KubeApi, tx: mpsc::Sender<Vec<ServiceEvent>>) {
+    let listed = Arc::new(AtomicUsize::new(0));
+    let a = one(
+        api.clone(),
+        SERVICES,
+        ServiceObjectKind::Service,
+        tx.clone(),
+        listed.clone(),
+    );
+    let b = one(
+        api,
+        ENDPOINT_SLICES,
+        ServiceObjectKind::EndpointSlice,
+        tx,
+        listed,
+    );
+    // Each ends only when the consumer is gone.
+    tokio::join!(a, b);
+}
+
+fn identity(obj: &Value) -> Option<(String, String)> {
+    let meta = obj.get("metadata")?;
+    let name = meta.get("name")?.as_str()?.to_string();
+    let ns = meta
+        .get("namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    Some((ns, name))
+}
+
+async fn one(
+    api: KubeApi,
+    res: ApiResource,
+    kind: ServiceObjectKind,
+    tx: mpsc::Sender<Vec<ServiceEvent>>,
+    listed: Arc<AtomicUsize>,
+) {
+    // What the consumer has: (namespace, name) → resourceVersion.
+    let mut known: HashMap<(String, String), String> = HashMap::new();
+    let mut first = true;
+    let mut failures = 0u32;
+    'list: loop {
+        if tx.is_closed() {
+            return;
+        }
+        let listing = match api.list_all(&res, None, None).await {
+            Ok(l) => l,
+            Err(e) => {
+                failures += 1;
+                tracing::debug!(resource = %res.display(), error = %e, "listing failed; retrying");
+                tokio::time::sleep(KubeApi::backoff(failures)).await;
+                continue 'list;
+            }
+        };
+        failures = 0;
+        let mut batch = Vec::new();
+        let mut seen: HashMap<(String, String), String> =
+            HashMap::with_capacity(listing.items.len());
+        for obj in listing.items {
+            let Some(id) = identity(&obj) else { continue };
+            let rv = resource_version(&obj).unwrap_or_default().to_string();
+            if known.get(&id) != Some(&rv) {
+                batch.push(ServiceEvent::Update {
+                    kind,
+                    namespace: id.0.clone(),
+                    name: id.1.clone(),
+                    object: Some(obj),
+                });
+            }
+            seen.insert(id, rv);
+        }
+        for (ns, name) in known.keys().filter(|k| !seen.contains_key(*k)) {
+            batch.push(ServiceEvent::Update {
+                kind,
+                namespace: ns.clone(),
+                name: name.clone(),
+                object: None,
+            });
+        }
+        known = seen;
+        for chunk in batch.chunks(MAX_BATCH) {
+            if tx.send(chunk.to_vec()).await.is_err() {
+                return;
+            }
+        }
+        if first {
+            first = false;
+            // The last of the two first listings says the state is complete.
+            if listed.fetch_add(1, Ordering::SeqCst) + 1 == 2
+                && tx.send(vec![ServiceEvent::InSync]).await.is_err()
+            {
+                return;
+            }
+        }
+        let mut rv = listing.resource_version;
+        loop {
+            let stream = match api.watch(&res, None, None, &rv).await {
+                Ok(s) => s,
+                Err(ApiError::Gone(_)) => continue 'list,
+                Err(e) => {
+                    failures += 1;
+                    tracing::debug!(resource = %res.display(), error = %e, "watch request failed; retrying");
+                    tokio::time::sleep(KubeApi::backoff(failures)).await;
+                    if failures > 5 {
+                        continue 'list;
+                    }
+                    continue;
+                }
+            };
+            let mut stream = std::pin::pin!(stream.ready_chunks(MAX_BATCH));
+            while let Some(chunk) = stream.next().await {
+                let mut batch = Vec::with_capacity(chunk.len());
+                let mut relist = false;
+                for item in chunk {
+                    match item {
+                        Ok(WatchEvent::Added(obj)) | Ok(WatchEvent::Modified(obj)) => {
+                            failures = 0;
+                            let Some(id) = identity(&obj) else { continue };
+                            let v = resource_version(&obj).unwrap_or_default().to_string();
+                            if parse_revision(&v).is_some() {
+                                rv = v.clone();
+                            }
+                            known.insert(id.clone(), v);
+                            batch.push(ServiceEvent::Update {
+                                kind,
+                                namespace: id.0,
+                                name: id.1,
+                                object: Some(obj),
+                            });
+                        }
+                        Ok(WatchEvent::Deleted(obj)) => {
+                            failures = 0;
+                            let Some(id) = identity(&obj) else { continue };
+                            if let Some(v) =
+                                resource_version(&obj).filter(|v| parse_revision(v).is_some())
+                            {
+                                rv = v.to_string();
+                            }
+                            if known.remove(&id).is_some() {
+                                batch.push(ServiceEvent::Update {
+                                    kind,
+                                    namespace: id.0,
+                                    name: id.1,
+                                    object: None,
+                                });
+                            }
+                        }
+                        Ok(WatchEvent::Bookmark(b)) => {
+                            if parse_revision(&b.metadata.resource_version).is_some() {
+                                rv = b.metadata.resource_version;
+                            }
+                        }
+                        Ok(WatchEvent::Error(status)) if status.code == 410 => relist = true,
+                        Err(ApiError::Gone(_)) => relist = true,
+                        Ok(WatchEvent::Error(_)) | Err(_) => failures += 1,
+                    }
+                }
+                if !batch.is_empty() && tx.send(batch).await.is_err() {
+                    return;
+                }
+                if relist {
+                    continue 'list;
+                }
+            }
+            if tx.is_closed() {
+                return;
+            }
+            if failures > 0 {
+                tokio::time::sleep(KubeApi::backoff(failures)).await;
+            }
+        }
+    }
+}
