@@ -16,6 +16,7 @@ mod patch;
 mod resources;
 mod selector;
 mod server;
+mod services;
 mod status;
 mod store;
 mod table;
@@ -55,6 +56,9 @@ pub enum Error {
     Gone,
     #[error("loading objects: {0}")]
     Load(String),
+    /// A server option that cannot be used (names the option).
+    #[error("server options: {0}")]
+    Config(String),
     #[error(transparent)]
     Api(#[from] ApiError),
 }
@@ -79,6 +83,10 @@ pub struct ServerOptions {
     pub graceful_pod_deletion: bool,
     /// Worker threads of the server's runtime.
     pub worker_threads: usize,
+    /// Where ClusterIPs come from (kube-apiserver's `--service-cluster-ip-range`; IPv4).
+    pub service_cidr: String,
+    /// NodePorts (`--service-node-port-range`).
+    pub node_port_range: (u16, u16),
 }
 
 impl Default for ServerOptions {
@@ -92,6 +100,8 @@ impl Default for ServerOptions {
             calico_crds: false,
             graceful_pod_deletion: false,
             worker_threads: 2,
+            service_cidr: services::DEFAULT_SERVICE_CIDR.to_string(),
+            node_port_range: services::DEFAULT_NODE_PORTS,
         }
     }
 }
@@ -540,6 +550,14 @@ impl ApiServer {
         };
         let token = opts.token.clone().unwrap_or_else(util::random_hex::<24>);
         let mut state = State::new(opts.event_history, opts.graceful_pod_deletion);
+        let cidr = services::parse_cidr(&opts.service_cidr).map_err(Error::Config)?;
+        if opts.node_port_range.0 == 0 || opts.node_port_range.0 > opts.node_port_range.1 {
+            return Err(Error::Config(format!(
+                "node port range {}-{}: expected first <= last, both 1-65535",
+                opts.node_port_range.0, opts.node_port_range.1
+            )));
+        }
+        state.services = services::Allocator::new(cidr, opts.node_port_range);
         if opts.calico_crds {
             let wo = WriteOpts::default();
             for crd in resources::calico_crds() {

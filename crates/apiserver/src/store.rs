@@ -164,7 +164,8 @@ pub struct State {
     pub order: Vec<String>,
     /// Bumped whenever the set of served resources changes (discovery and OpenAPI hashes).
     pub registry_gen: u64,
-    next_cluster_ip: u32,
+    /// ClusterIPs and NodePorts handed out (kept by `commit`).
+    pub services: crate::services::Allocator,
     pub pods_graceful: bool,
 }
 
@@ -281,7 +282,10 @@ impl State {
             resources: BTreeMap::new(),
             order: Vec::new(),
             registry_gen: 1,
-            next_cluster_ip: 1,
+            services: crate::services::Allocator::new(
+                (0x0a60_0000, 12),
+                crate::services::DEFAULT_NODE_PORTS,
+            ),
             pods_graceful,
         };
         for def in crate::resources::builtins() {
@@ -402,6 +406,11 @@ impl State {
         let gr = match self.resources.get_mut(key) {
             Some(c) => {
                 let k = (ns.to_string(), name.to_string());
+                if key == crate::services::SERVICES_KEY {
+                    let old = c.objects.get(&k).map(|o| &o.value);
+                    let new = (etype != EventType::Deleted).then_some(&obj.value);
+                    self.services.on_commit(old, new);
+                }
                 if etype == EventType::Deleted {
                     c.objects.remove(&k);
                 } else {

@@ -314,8 +314,14 @@ pub fn cells(def: &ResourceDef, obj: &Value, now: i64) -> Vec<Value> {
                 .map(|a| {
                     a.iter()
                         .map(|x| {
+                            // kubectl's `port[:nodePort]/protocol`.
+                            let node_port = x
+                                .get("nodePort")
+                                .and_then(Value::as_u64)
+                                .map(|n| format!(":{n}"))
+                                .unwrap_or_default();
                             format!(
-                                "{}/{}",
+                                "{}{node_port}/{}",
                                 s(x.get("port")),
                                 x.get("protocol").and_then(Value::as_str).unwrap_or("TCP")
                             )
@@ -337,7 +343,7 @@ pub fn cells(def: &ResourceDef, obj: &Value, now: i64) -> Vec<Value> {
                 name,
                 json!(s(p("/spec/type"))),
                 json!(or_none(s(p("/spec/clusterIP")))),
-                json!("<none>"),
+                json!(external_ips(obj)),
                 json!(or_none(ports)),
                 age(obj, now),
                 json!(or_none(selector)),
@@ -483,5 +489,46 @@ mod tests {
                 d.kind
             );
         }
+    }
+}
+
+/// kubectl's EXTERNAL-IP column: load-balancer ingress and `externalIPs`, `<pending>` for a
+/// LoadBalancer without either, else `<none>`.
+fn external_ips(obj: &Value) -> String {
+    let mut ips: Vec<String> = Vec::new();
+    let strings = |v: Option<&Value>| -> Vec<String> {
+        v.and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let is_lb = obj.pointer("/spec/type").and_then(Value::as_str) == Some("LoadBalancer");
+    if is_lb {
+        for i in obj
+            .pointer("/status/loadBalancer/ingress")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            if let Some(ip) = i
+                .get("ip")
+                .or_else(|| i.get("hostname"))
+                .and_then(Value::as_str)
+            {
+                ips.push(ip.to_string());
+            }
+        }
+    }
+    ips.extend(strings(obj.pointer("/spec/externalIPs")));
+    if !ips.is_empty() {
+        ips.join(",")
+    } else if is_lb {
+        "<pending>".to_string()
+    } else {
+        "<none>".to_string()
     }
 }

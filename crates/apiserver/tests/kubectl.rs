@@ -800,6 +800,65 @@ spec:
 }
 
 #[test]
+fn services_get_cluster_ips_and_node_ports_as_from_kube_apiserver() {
+    let Some(kc) = Kc::new(ServerOptions {
+        service_cidr: "10.100.0.0/16".into(),
+        ..Default::default()
+    }) else {
+        return;
+    };
+    let web = kc.file(
+        "web.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  type: NodePort\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: http}]\n",
+    );
+    kc.ok(&["apply", "-f", &web]);
+    let out = kc.ok(&["get", "svc", "web", "--no-headers"]);
+    let cols: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(
+        &cols[..5],
+        ["web", "NodePort", "10.100.0.1", "<none>", "80:30000/TCP"],
+        "{out}"
+    );
+    // Applied again: the allocation stands.
+    assert!(kc.ok(&["apply", "-f", &web]).contains("unchanged"));
+    let headless = kc.file(
+        "headless.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: db}\nspec:\n  clusterIP: None\n  ports: [{port: 5432}]\n",
+    );
+    kc.ok(&["apply", "-f", &headless]);
+    let out = kc.ok(&["get", "svc", "db", "-o", "jsonpath={.spec.clusterIPs}"]);
+    assert_eq!(out, "[\"None\"]");
+    // Taken and out-of-range addresses and ports are refused as kube-apiserver refuses them.
+    let dup = kc.file(
+        "dup.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: dup}\nspec:\n  clusterIP: 10.100.0.1\n  ports: [{port: 80}]\n",
+    );
+    let err = kc.fail(&["apply", "-f", &dup]);
+    assert!(
+        err.contains("The Service \"dup\" is invalid: spec.clusterIPs: Invalid value: []string{\"10.100.0.1\"}: failed to allocate IP 10.100.0.1: provided IP is already allocated"),
+        "{err}"
+    );
+    let far = kc.file(
+        "far.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: far}\nspec:\n  type: NodePort\n  ports: [{port: 80, nodePort: 30000}, {port: 81, nodePort: 80}]\n",
+    );
+    let err = kc.fail(&["apply", "-f", &far]);
+    assert!(
+        err.contains(
+            "spec.ports[0].nodePort: Invalid value: 30000: provided port is already allocated"
+        ) && err.contains("The range of valid ports is 30000-32767"),
+        "{err}"
+    );
+    // Deleted: its address and port are free again.
+    kc.ok(&["delete", "svc", "web"]);
+    let again = kc.file(
+        "again.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: again}\nspec:\n  type: NodePort\n  clusterIP: 10.100.0.1\n  ports: [{port: 80, nodePort: 30000}]\n",
+    );
+    kc.ok(&["apply", "-f", &again]);
+}
+
+#[test]
 fn survives_a_restart_on_the_same_port() {
     let Some(kc) = Kc::new(ServerOptions::default()) else {
         return;

@@ -164,27 +164,8 @@ impl State {
                         .unwrap_or("")
                         .to_string();
                     spec.entry("sessionAffinity").or_insert(json!("None"));
-                    if ty != "ExternalName"
-                        && spec
-                            .get("clusterIP")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .is_empty()
-                    {
-                        // 10.96.0.0/12, handed out in order like a fresh cluster's allocator.
-                        let n = self.next_cluster_ip;
-                        self.next_cluster_ip = self.next_cluster_ip.wrapping_add(1) % (1 << 20);
-                        let ip = (10u32 << 24 | 96 << 16) + n;
-                        let s = format!(
-                            "{}.{}.{}.{}",
-                            ip >> 24,
-                            (ip >> 16) & 255,
-                            (ip >> 8) & 255,
-                            ip & 255
-                        );
-                        spec.insert("clusterIP".into(), json!(s));
-                        spec.insert("clusterIPs".into(), json!([s]));
-                    }
+                    // ClusterIPs and NodePorts were allocated by `create` (services.rs).
+                    let _ = ty;
                     if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
                         for p in ports {
                             if let Some(pm) = p.as_object_mut() {
@@ -320,6 +301,11 @@ impl State {
             .is_some_and(|c| c.objects.contains_key(&k))
         {
             return Err(ApiError::already_exists(&def.ctx(), &name));
+        }
+        if def.builtin && def.kind == "Service" {
+            self.services
+                .allocate(&mut obj)
+                .map_err(|c| ApiError::invalid(&def.ctx(), &name, c))?;
         }
         self.prepare_create(&def, &mut obj, &name, opts.keep_status);
         let new_def = if def.kind == "CustomResourceDefinition" && def.builtin {
