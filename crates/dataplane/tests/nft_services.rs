@@ -324,7 +324,7 @@ fn answered(outcomes: &[Outcome]) -> BTreeSet<String> {
 }
 
 #[test]
-fn cluster_ip_spreads_rejects_when_empty_and_policy_sees_the_backend() {
+fn cluster_ip_spreads_rejects_when_empty_policy_sees_the_backend_affinity_and_node_ports() {
     if !is_root() {
         eprintln!("skipped: needs root (CI runs as root)");
         return;
@@ -405,6 +405,35 @@ spec:
     destination: {ports: [8080]}")]);
     let out = n.connect(&svc_addr, 30, Duration::from_secs(2));
     assert_eq!(answered(&out).len(), 3, "{out:?}\n{}", n.table());
+
+    // ClientIP affinity: every connection of the client sticks to one backend.
+    let mut sticky = service();
+    sticky.spec.session_affinity = Some("ClientIP".into());
+    n.graph.on_kube_service("prod", "web", Some(&sticky));
+    n.program();
+    let out = n.connect(&svc_addr, 20, Duration::from_secs(2));
+    assert_eq!(
+        answered(&out).len(),
+        1,
+        "affinity did not stick: {out:?}\n{}",
+        n.table()
+    );
+
+    // A NodePort on the node's own address reaches the backends too.
+    let mut np = service();
+    np.spec.type_ = Some("NodePort".into());
+    np.spec.ports[0].node_port = Some(30080);
+    n.graph.on_kube_service("prod", "web", Some(&np));
+    n.program();
+    let out = n.connect("192.0.2.1:30080", 30, Duration::from_secs(2));
+    assert_eq!(answered(&out).len(), 3, "{out:?}\n{}", n.table());
+    // ... and is refused at once without endpoints.
+    n.endpoints(&[]);
+    let out = n.connect("192.0.2.1:30080", 1, Duration::from_secs(3));
+    assert!(
+        matches!(out[..], [Outcome::Refused(t)] if t < Duration::from_secs(1)),
+        "{out:?}"
+    );
 
     // Removing the service removes the section; the ClusterIP no longer answers.
     n.graph.on_kube_service("prod", "web", None);
