@@ -1,0 +1,154 @@
+//! Service programming benchmark (the kernel part needs root; it works inside a throw-away
+//! namespace).
+//!
+//! `cargo run --release -p margay-dataplane --example svc_bench -- [--services 10000]
+//!  [--endpoints 10] [--changes 100]`
+//!
+//! 1. Cold: `--services` ClusterIP services with `--endpoints` ready endpoints each, from
+//!    Service and EndpointSlice objects through the calculation graph into an empty table:
+//!    graph, render+diff and the kernel write timed separately.
+//! 2. One endpoint change at a time (an EndpointSlice loses or regains an endpoint): slice →
+//!    graph → render → diff → kernel, the latency distribution over `--changes` changes.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use margay_calc::services::{KubeEndpointSlice, KubeService};
+use margay_calc::{CalcConfig, CalcGraph, DataplaneModel};
+use margay_dataplane::nft::{NftConfig, NftRunner};
+use margay_dataplane::nft_driver::{NftDriver, NftDriverConfig};
+use margay_testkit::netns::{Netns, is_root};
+use serde_json::json;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn service(i: usize) -> KubeService {
+    let ip = format!("10.96.{}.{}", i / 250, 1 + i % 250);
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("svc{i}"), "namespace": "default"},
+        "spec": {"clusterIP": ip, "clusterIPs": [ip],
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
+    }))
+    .unwrap()
+}
+
+fn slice(i: usize, endpoints: usize, skip: Option<usize>) -> KubeEndpointSlice {
+    let eps: Vec<_> = (0..endpoints)
+        .filter(|e| Some(*e) != skip)
+        .map(|e| {
+            let n = i * endpoints + e;
+            json!({"addresses": [format!("10.{}.{}.{}", 64 + n / 65536, (n / 256) % 256, n % 256)],
+                   "nodeName": format!("node{}", n % 50)})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("svc{i}-abc"), "namespace": "default",
+                     "labels": {"kubernetes.io/service-name": format!("svc{i}")}},
+        "addressType": "IPv4",
+        "endpoints": eps,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]
+    }))
+    .unwrap()
+}
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v.get(i).copied().unwrap_or_default()
+}
+
+fn main() {
+    let services = arg("--services", 10_000);
+    let endpoints = arg("--endpoints", 10);
+    let changes = arg("--changes", 100);
+    let root = is_root();
+    let ns = root.then(|| Netns::new("svc-bench").unwrap());
+    let (mut driver, stats) = NftDriver::new(NftDriverConfig {
+        nft: NftConfig {
+            ipv6: false,
+            ..NftConfig::default()
+        },
+        runner: NftRunner {
+            netns: ns.as_ref().map(|n| n.name().to_string()),
+            ..NftRunner::default()
+        },
+        refresh_interval: Duration::ZERO,
+        flowtable_extra_devices: None,
+    });
+    let mut graph = CalcGraph::new(CalcConfig {
+        hostname: "node0".into(),
+        ..CalcConfig::default()
+    });
+    let mut model = DataplaneModel::default();
+
+    let t = Instant::now();
+    for i in 0..services {
+        graph.on_kube_service("default", &format!("svc{i}"), Some(&service(i)));
+        graph.on_endpoint_slice(
+            "default",
+            &format!("svc{i}-abc"),
+            Some(&slice(i, endpoints, None)),
+        );
+    }
+    graph.on_in_sync();
+    let msgs = graph.flush();
+    model.apply_all(&msgs).unwrap();
+    let graph_time = t.elapsed();
+    println!(
+        "cold: {services} services x {endpoints} endpoints: graph {:.3} s ({} messages)",
+        graph_time.as_secs_f64(),
+        msgs.len()
+    );
+    if !root {
+        println!("not root: kernel programming skipped");
+        return;
+    }
+    driver.mark_dirty();
+    let t = Instant::now();
+    let tx = driver.sync(&model).unwrap();
+    let kernel = t.elapsed();
+    {
+        let s = stats.lock();
+        println!(
+            "cold: render {:.3} s, diff {:.3} s, nft {:.3} s; total with graph {:.3} s; {} chains, {} rules, {} elements ({tx:?})",
+            s.last_render_seconds,
+            s.last_diff_seconds,
+            s.last_nft_seconds,
+            (graph_time + kernel).as_secs_f64(),
+            s.chains,
+            s.rules,
+            s.elements
+        );
+    }
+
+    let mut lat = Vec::with_capacity(changes);
+    for c in 0..changes {
+        let i = ((c / 2) * 7919) % services;
+        // Odd changes restore what even ones removed.
+        let skip = (c % 2 == 0).then_some(c % endpoints);
+        let t = Instant::now();
+        graph.on_endpoint_slice(
+            "default",
+            &format!("svc{i}-abc"),
+            Some(&slice(i, endpoints, skip)),
+        );
+        let msgs = graph.flush();
+        model.apply_all(&msgs).unwrap();
+        driver.mark_dirty();
+        driver.sync(&model).unwrap();
+        lat.push(t.elapsed());
+    }
+    println!(
+        "endpoint change -> kernel: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms over {changes} changes",
+        pct(&mut lat, 0.5).as_secs_f64() * 1e3,
+        pct(&mut lat, 0.99).as_secs_f64() * 1e3,
+        pct(&mut lat, 1.0).as_secs_f64() * 1e3
+    );
+}
