@@ -459,39 +459,6 @@ pub fn table(def: &ResourceDef, rows: Vec<Value>, metadata: Value) -> Value {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use crate::resources::builtins;
-
-    #[test]
-    fn pod_row() {
-        let defs = builtins();
-        let pod_def = defs.iter().find(|d| d.kind == "Pod").unwrap();
-        let p = json!({"metadata": {"name": "a", "namespace": "x", "creationTimestamp": util::rfc3339(1000)},
-            "spec": {"containers": [{"name": "c"}], "nodeName": "n1"}, "status": {"phase": "Running", "podIP": "10.0.0.1",
-            "containerStatuses": [{"ready": true, "restartCount": 2}]}});
-        let r = row(pod_def, &p, Include::Metadata, 1300);
-        assert_eq!(
-            r["cells"],
-            json!([
-                "a", "1/1", "Running", 2, "5m", "10.0.0.1", "n1", "<none>", "<none>"
-            ])
-        );
-        assert_eq!(r["object"]["metadata"]["namespace"], "x");
-        assert_eq!(columns(pod_def).len(), r["cells"].as_array().unwrap().len());
-        for d in &defs {
-            assert_eq!(
-                columns(d).len(),
-                cells(d, &json!({}), 0).len(),
-                "{}",
-                d.kind
-            );
-        }
-    }
-}
-
 /// kubectl's EXTERNAL-IP column: load-balancer ingress and `externalIPs`, `<pending>` for a
 /// LoadBalancer without either, else `<none>`.
 fn external_ips(obj: &Value) -> String {
@@ -530,5 +497,38 @@ fn external_ips(obj: &Value) -> String {
         "<pending>".to_string()
     } else {
         "<none>".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::resources::builtins;
+
+    #[test]
+    fn pod_row() {
+        let defs = builtins();
+        let pod_def = defs.iter().find(|d| d.kind == "Pod").unwrap();
+        let p = json!({"metadata": {"name": "a", "namespace": "x", "creationTimestamp": util::rfc3339(1000)},
+            "spec": {"containers": [{"name": "c"}], "nodeName": "n1"}, "status": {"phase": "Running", "podIP": "10.0.0.1",
+            "containerStatuses": [{"ready": true, "restartCount": 2}]}});
+        let r = row(pod_def, &p, Include::Metadata, 1300);
+        assert_eq!(
+            r["cells"],
+            json!([
+                "a", "1/1", "Running", 2, "5m", "10.0.0.1", "n1", "<none>", "<none>"
+            ])
+        );
+        assert_eq!(r["object"]["metadata"]["namespace"], "x");
+        assert_eq!(columns(pod_def).len(), r["cells"].as_array().unwrap().len());
+        for d in &defs {
+            assert_eq!(
+                columns(d).len(),
+                cells(d, &json!({}), 0).len(),
+                "{}",
+                d.kind
+            );
+        }
     }
 }
