@@ -57,8 +57,11 @@ async fn collect(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn services_and_slices_are_listed_watched_and_relisted() {
     let api = ApiServer::start(ServerOptions::default()).unwrap();
-    api.store().create(SERVICES, "default", service("web")).unwrap();
-    api.store().create(SLICES, "default", slice("web-1", "10.65.0.1"))
+    api.store()
+        .create(SERVICES, "default", service("web"))
+        .unwrap();
+    api.store()
+        .create(SLICES, "default", slice("web-1", "10.65.0.1"))
         .unwrap();
     let backend = KubeBackend::connect(&KubeSettings {
         kubeconfig_inline: Some(api.kubeconfig_yaml()),
@@ -114,7 +117,8 @@ async fn services_and_slices_are_listed_watched_and_relisted() {
     // History compacted and the watches closed while a slice is added: the re-list sends
     // the new slice only (nothing unchanged again, no spurious delete).
     api.compact();
-    api.store().create(SLICES, "default", slice("web-2", "10.65.0.3"))
+    api.store()
+        .create(SLICES, "default", slice("web-2", "10.65.0.3"))
         .unwrap();
     api.compact();
     api.close_watches();
