@@ -8,7 +8,7 @@
 //!   si4-<h> (ClusterIP entry): non-pod source ⇒ mark for masquerade; ITP Local ⇒ sl4-<h>
 //!   sx4-<h> (external entry):  ETP Cluster ⇒ mark, sc4-<h>; ETP Local ⇒ pods and the host
 //!                              to sc4-<h> (the host masqueraded), others to sl4-<h>
-//!   sc4-<h> / sl4-<h>: [ip saddr @aff4-<e> goto ep4-<e>]… numgen random mod N vmap {…}
+//!   sc4-<h> / sl4-<h>: [ip saddr @aff4-<e> goto ep4-<e>]… numgen random mod N-i 0 goto ep4-<e>…
 //!   ep4-<e>: hairpin ⇒ mark; [update @aff4-<e>]; dnat to backend
 //! filter input/forward/output (priority filter - 10), new connections:
 //!     ip daddr . meta l4proto . th dport vmap @svc-noep-4       (no usable endpoint: reject)
@@ -145,17 +145,20 @@ pub fn render_service(id: &ServicePortId, sp: &ServicePort, cfg: &NftConfig) -> 
             }
             if list.is_empty() {
                 rules.push("drop comment \"no local endpoint\"".to_string());
-            } else {
-                let arms: Vec<String> = list
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| format!("{i} : goto {}", ep_name(b)))
-                    .collect();
-                rules.push(format!(
-                    "numgen random mod {} vmap {{ {} }}",
-                    list.len(),
-                    arms.join(", ")
-                ));
+            }
+            // A uniform choice as a cascade: rule i takes the packet with probability
+            // 1/(N-i) given it got there (one draw per rule, as iptables' statistic mode).
+            // kube-proxy writes one `numgen random mod N vmap { … }`, but every such rule
+            // is an anonymous set, and loading thousands of them is quadratic here (3,000:
+            // 2.4 s against 0.4 s for 1,000; 10,000 services did not load within 60 s),
+            // while the cascade loads in linear time.
+            for (i, b) in list.iter().enumerate() {
+                let left = list.len() - i;
+                if left > 1 {
+                    rules.push(format!("numgen random mod {left} 0 goto {}", ep_name(b)));
+                } else {
+                    rules.push(format!("goto {}", ep_name(b)));
+                }
             }
             rules
         };
@@ -443,11 +446,16 @@ mod tests {
         );
         assert!(st.maps["svc-noep-4"].elements.is_empty());
         let sc = texts(&st.chains[&format!("sc4-{h}")]);
-        assert_eq!(sc.len(), 1);
+        assert_eq!(sc.len(), 3);
         assert!(
-            sc[0].starts_with("numgen random mod 3 vmap { 0 : goto ep4-"),
+            sc[0].starts_with("numgen random mod 3 0 goto ep4-"),
             "{sc:?}"
         );
+        assert!(
+            sc[1].starts_with("numgen random mod 2 0 goto ep4-"),
+            "{sc:?}"
+        );
+        assert!(sc[2].starts_with("goto ep4-"), "{sc:?}");
         let dnats: Vec<&str> = st
             .chains
             .iter()
@@ -522,10 +530,7 @@ mod tests {
         assert_eq!(sx[0], format!("ip saddr @all-pools-4 goto sc4-{h}"));
         assert_eq!(sx.last().copied(), Some(format!("goto sl4-{h}").as_str()));
         let sl = texts(&st.chains[&format!("sl4-{h}")]);
-        assert!(
-            sl.last().unwrap().starts_with("numgen random mod 1 "),
-            "{sl:?}"
-        );
+        assert!(sl.last().unwrap().starts_with("goto ep4-"), "{sl:?}");
         let aff: Vec<_> = st
             .sets
             .iter()
