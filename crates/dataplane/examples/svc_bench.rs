@@ -145,6 +145,15 @@ fn main() {
         driver.sync(&model).unwrap();
         lat.push(t.elapsed());
     }
+    {
+        let s = stats.lock();
+        println!(
+            "last change: render {:.1} ms, diff {:.1} ms, nft+netlink {:.1} ms",
+            s.last_render_seconds * 1e3,
+            s.last_diff_seconds * 1e3,
+            s.last_nft_seconds * 1e3
+        );
+    }
     println!(
         "endpoint change -> kernel: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms over {changes} changes",
         pct(&mut lat, 0.5).as_secs_f64() * 1e3,
