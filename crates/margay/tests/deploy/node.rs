@@ -58,7 +58,7 @@ fn allowed(rules: &[Rule], verb: &str, group: &str, resource: &str) -> bool {
 }
 
 /// The requests the double served since `before`: (verb, group, resource).
-fn requests_since(
+pub(crate) fn requests_since(
     api: &ApiServer,
     before: &BTreeMap<(String, String, String), u64>,
 ) -> BTreeSet<(String, String, String)> {
@@ -71,7 +71,7 @@ fn requests_since(
 }
 
 /// Every request in `requests` is allowed to `sa`.
-fn assert_within_rbac(
+pub(crate) fn assert_within_rbac(
     m: &Manifests,
     sa: &str,
     what: &str,
@@ -124,7 +124,7 @@ fn k8s_node(name: &str) -> Value {
 /// resolved) on an empty one, plus `extra` (what a pod gets from its surroundings: the
 /// service account's credentials as KUBECONFIG, the kubelet's KUBERNETES_SERVICE_*, ports
 /// free on this host).
-fn container_command(
+pub(crate) fn container_command(
     m: &Manifests,
     c: &Container<'_>,
     home: &Path,
@@ -152,7 +152,49 @@ fn container_command(
     cmd
 }
 
-fn container<'a>(m: &'a Manifests, at: &str) -> Container<'a> {
+/// Starts the DaemonSet's Felix container (with `extra` around it) and waits until the
+/// DaemonSet's own liveness and readiness probes pass; `alive` checks what Felix depends on.
+pub(crate) fn start_felix_until_probes_pass(
+    m: &Manifests,
+    felix_c: &Container<'_>,
+    d: &Path,
+    extra: &[(&str, String)],
+    alive: &mut dyn FnMut(),
+) -> Role {
+    let mut c = container_command(m, felix_c, d, extra);
+    c.arg("-c").arg(d.join("no-felix.cfg"));
+    let mut felix = Role::spawn("felix", c, d.join("felix.log"));
+    for (what, argv) in felix_c.probe_argvs() {
+        wait_for(&format!("felix {what}: {argv:?}"), || {
+            felix.assert_running();
+            alive();
+            let mut c = margay(d);
+            c.args(&argv[1..]);
+            for (k, v) in felix_c
+                .env(m)
+                .unwrap()
+                .into_iter()
+                .chain(extra.iter().map(|(k, v)| (k.to_string(), v.clone())))
+            {
+                c.env(k, v);
+            }
+            let o = roles::run_within(c, WAIT);
+            if o.status.success() {
+                Ok(())
+            } else {
+                let l = felix.log();
+                Err(format!(
+                    "{}\nfelix log tail: {}",
+                    show(&o),
+                    &l[l.len().saturating_sub(2000)..]
+                ))
+            }
+        });
+    }
+    felix
+}
+
+pub(crate) fn container<'a>(m: &'a Manifests, at: &str) -> Container<'a> {
     containers(m)
         .into_iter()
         .find(|c| c.at == at)
@@ -161,7 +203,7 @@ fn container<'a>(m: &'a Manifests, at: &str) -> Container<'a> {
 
 /// deploy/ installed in the double (CRDs first, as the loader orders them), and the cluster's
 /// own objects: the node, a namespace with a pod on the node.
-fn seed_cluster(api: &ApiServer, pod_ip: Option<&str>) {
+pub(crate) fn seed_cluster(api: &ApiServer, pod_ip: Option<&str>) {
     let s = api.store();
     for f in manifest_files(&deploy_dir())
         .iter()
@@ -448,37 +490,9 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
             d.join("felix.sock").display().to_string(),
         ),
     ];
-    let mut c = container_command(&m, &felix_c, d, &felix_extra);
-    c.arg("-c").arg(d.join("no-felix.cfg"));
-    let mut felix = Role::spawn("felix", c, d.join("felix.log"));
-    // The DaemonSet's own probes say when Felix is live and ready.
-    for (what, argv) in felix_c.probe_argvs() {
-        wait_for(&format!("felix {what}: {argv:?}"), || {
-            felix.assert_running();
-            typha.assert_running();
-            let mut c = margay(d);
-            c.args(&argv[1..]);
-            for (k, v) in felix_c
-                .env(&m)
-                .unwrap()
-                .into_iter()
-                .chain(felix_extra.iter().map(|(k, v)| (k.to_string(), v.clone())))
-            {
-                c.env(k, v);
-            }
-            let o = roles::run_within(c, WAIT);
-            if o.status.success() {
-                Ok(())
-            } else {
-                let l = felix.log();
-                Err(format!(
-                    "{}\nfelix log tail: {}",
-                    show(&o),
-                    &l[l.len().saturating_sub(2000)..]
-                ))
-            }
-        });
-    }
+    let mut felix = start_felix_until_probes_pass(&m, &felix_c, d, &felix_extra, &mut || {
+        typha.assert_running()
+    });
     let felix_log = felix.log();
     assert!(
         felix_log.contains(&format!("127.0.0.1:{typha_port}")),
