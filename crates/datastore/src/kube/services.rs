@@ -96,7 +96,10 @@ async fn one(
             Err(e) => {
                 failures += 1;
                 tracing::debug!(resource = %res.display(), error = %e, "listing failed; retrying");
-                tokio::time::sleep(KubeApi::backoff(failures)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(KubeApi::backoff(failures)) => {}
+                    _ = tx.closed() => return,
+                }
                 continue 'list;
             }
         };
@@ -156,7 +159,13 @@ async fn one(
                 }
             };
             let mut stream = std::pin::pin!(stream.ready_chunks(MAX_BATCH));
-            while let Some(chunk) = stream.next().await {
+            loop {
+                // A quiet watch must not outlive its consumer.
+                let chunk = tokio::select! {
+                    c = stream.next() => c,
+                    _ = tx.closed() => return,
+                };
+                let Some(chunk) = chunk else { break };
                 let mut batch = Vec::with_capacity(chunk.len());
                 let mut relist = false;
                 for item in chunk {
