@@ -374,6 +374,48 @@ pub(super) async fn startup(
         true,
         config.dataplane_watchdog_timeout,
     );
+    // Flow logs: only where nftables logs the verdicts (the Linux driver).
+    let file_sink = config
+        .flow_logs_file_enabled
+        .then(|| crate::flows::FileSink {
+            path: std::path::Path::new(&config.flow_logs_file_directory).join("flows.log"),
+            rotation: margay_logging::Rotation {
+                max_bytes: u64::try_from(config.flow_logs_file_max_file_size_mb)
+                    .unwrap_or(100)
+                    .saturating_mul(1_000_000),
+                keep: u32::try_from(config.flow_logs_file_max_files - 1).unwrap_or(4),
+            },
+            interval: config.flow_logs_flush_interval,
+        });
+    let flows = if config
+        .flow_logs_local_reporter
+        .eq_ignore_ascii_case("enabled")
+        || file_sink.is_some()
+    {
+        if nft_stats.is_some() {
+            match crate::flows::FlowLogs::start(&hostname, recording.clone(), file_sink) {
+                Ok(f) => {
+                    tracing::info!(
+                        "Flow logs on (FlowLogsLocalReporter / FlowLogsFileEnabled): `margay flows` reads them"
+                    );
+                    metrics.set_flow_logs(f.clone());
+                    Some(f)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "Cannot read flow logs (NFLOG groups 1 and 2); continuing without them");
+                    None
+                }
+            }
+        } else {
+            tracing::warn!(
+                driver = driver_name,
+                "FlowLogsLocalReporter is Enabled but this dataplane driver does not log verdicts yet; no flow logs"
+            );
+            None
+        }
+    } else {
+        None
+    };
     let (reasons_tx, _) = (control.reasons.clone(), ());
     let shared = Arc::new(Shared {
         start: lock(&control.bootstrap).start(),
@@ -385,6 +427,7 @@ pub(super) async fn startup(
         config_json: Mutex::new(loaded.to_json()),
         recording,
         nft_stats,
+        flows,
         driver_name,
         datastore: ds_desc,
         dp_in_sync: AtomicBool::new(false),
