@@ -97,6 +97,13 @@ impl SetIds {
         id
     }
 
+    /// Never hands out ids up to `max`: after a restart they may still be referenced by the
+    /// rules the previous run left in the maps, until those are replaced.
+    fn reserve_up_to(&mut self, max: u32) {
+        self.next = self.next.max(max);
+        self.free.retain(|id| *id > max);
+    }
+
     /// Forgets every name not in `live`; their ids become reusable.
     fn retain(&mut self, live: &BTreeSet<String>) {
         let free = &mut self.free;
@@ -268,6 +275,11 @@ impl Compiler {
 
     pub fn set_ids(&self) -> &SetIds {
         &self.ids
+    }
+
+    /// See [`SetIds::reserve_up_to`].
+    pub fn reserve_set_ids(&mut self, max: u32) {
+        self.ids.reserve_up_to(max);
     }
 
     /// Compiles the whole model. Set ids of sets no longer referenced are released. What did

@@ -139,6 +139,85 @@ impl Rule {
     }
 }
 
+/// Reads `n` native-endian u32s at `*at`, advancing it.
+fn get_u32s(b: &[u8], at: &mut usize, n: usize) -> Vec<u32> {
+    (0..n)
+        .map(|_| {
+            let v = u32::from_ne_bytes([b[*at], b[*at + 1], b[*at + 2], b[*at + 3]]);
+            *at += 4;
+            v
+        })
+        .collect()
+}
+
+fn get_ranges(b: &[u8], at: &mut usize, n: usize) -> Vec<(u16, u16)> {
+    (0..n)
+        .map(|_| {
+            let r = (
+                u16::from_ne_bytes([b[*at], b[*at + 1]]),
+                u16::from_ne_bytes([b[*at + 2], b[*at + 3]]),
+            );
+            *at += 4;
+            r
+        })
+        .collect()
+}
+
+impl Side {
+    /// The inverse of `encode` for the `SIDE_SIZE` bytes at `b[at..]` (counts beyond the
+    /// limits, which only a corrupt map holds, are capped).
+    fn decode(b: &[u8], at: usize) -> Side {
+        let mut i = at;
+        let mut sets = get_u32s(b, &mut i, MAX_SETS);
+        let mut not_sets = get_u32s(b, &mut i, MAX_SETS);
+        let mut named = get_u32s(b, &mut i, MAX_NAMED);
+        let mut not_named = get_u32s(b, &mut i, MAX_NAMED);
+        let mut ports = get_ranges(b, &mut i, MAX_PORTS);
+        let mut not_ports = get_ranges(b, &mut i, MAX_PORTS);
+        let n = |k: usize, max: usize| usize::from(b[i + k]).min(max);
+        sets.truncate(n(0, MAX_SETS));
+        not_sets.truncate(n(1, MAX_SETS));
+        named.truncate(n(2, MAX_NAMED));
+        not_named.truncate(n(3, MAX_NAMED));
+        ports.truncate(n(4, MAX_PORTS));
+        not_ports.truncate(n(5, MAX_PORTS));
+        Side {
+            sets,
+            not_sets,
+            named,
+            not_named,
+            ports,
+            not_ports,
+        }
+    }
+}
+
+impl Rule {
+    /// The inverse of [`Rule::encode`]: restoring what a previous run wrote.
+    pub fn decode(b: &[u8; RULE_SIZE]) -> Rule {
+        Rule {
+            action: b[0],
+            flags: b[1],
+            proto: b[2],
+            not_proto: b[3],
+            icmp_type: b[4],
+            icmp_code: b[5],
+            not_icmp_type: b[6],
+            not_icmp_code: b[7],
+            jump: u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+            src: Side::decode(b, 16),
+            dst: Side::decode(b, 16 + SIDE_SIZE),
+        }
+    }
+}
+
+pub fn decode_rule_key(k: &[u8; RULE_KEY_SIZE]) -> (u32, u32) {
+    (
+        u32::from_ne_bytes([k[0], k[1], k[2], k[3]]),
+        u32::from_ne_bytes([k[4], k[5], k[6], k[7]]),
+    )
+}
+
 pub fn rule_key(slot: u32, idx: u32) -> [u8; RULE_KEY_SIZE] {
     let mut k = [0u8; RULE_KEY_SIZE];
     k[..4].copy_from_slice(&slot.to_ne_bytes());
@@ -211,6 +290,31 @@ impl IpSetEntry {
     }
 }
 
+impl IpSetEntry {
+    /// The inverse of [`IpSetEntry::key`]; None for a key `key` never produces.
+    pub fn decode(plen: u32, d: &[u8; IPSET_DATA_SIZE]) -> Option<IpSetEntry> {
+        let set_id = u32::from_be_bytes([d[0], d[1], d[2], d[3]]);
+        let addr = Ipv4Addr::new(d[4], d[5], d[6], d[7]);
+        if plen == NAMED_PORT_BITS {
+            return Some(IpSetEntry {
+                set_id,
+                addr,
+                prefix: None,
+                port: u16::from_be_bytes([d[8], d[9]]),
+                proto: d[10],
+            });
+        }
+        let bits = plen.checked_sub(SET_ID_BITS).filter(|b| *b <= 32)?;
+        Some(IpSetEntry {
+            set_id,
+            addr,
+            prefix: Some(bits as u8),
+            port: 0,
+            proto: 0,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +373,41 @@ mod tests {
             flags: 1,
         };
         assert_eq!(Endpoint::decode(&ep.encode()), ep);
+        let (plen, d) = n.key();
+        assert_eq!(IpSetEntry::decode(plen, &d), Some(n));
+        let (plen, d) = e.key();
+        assert_eq!(IpSetEntry::decode(plen, &d), Some(e));
+        assert_eq!(IpSetEntry::decode(7, &d), None);
+    }
+
+    #[test]
+    fn rules_decode_to_what_was_encoded() {
+        let full = Side {
+            sets: vec![1, 2, 3, 4],
+            not_sets: vec![5],
+            named: vec![6, 7],
+            not_named: vec![8, 9, 10],
+            ports: vec![(1, 2), (80, 80), (1000, 2000)],
+            not_ports: vec![(7, 7); MAX_PORTS],
+        };
+        let r = Rule {
+            action: ACT_DENY,
+            flags: F_PROTO | F_ICMP_TYPE | F_NOT_ICMP_CODE,
+            proto: 1,
+            not_proto: 17,
+            icmp_type: 8,
+            icmp_code: 3,
+            not_icmp_type: 5,
+            not_icmp_code: 9,
+            jump: 4095,
+            src: full.clone(),
+            dst: Side {
+                ports: vec![(443, 443)],
+                ..Side::default()
+            },
+        };
+        assert_eq!(Rule::decode(&r.encode()), r);
+        assert_eq!(Rule::decode(&Rule::default().encode()), Rule::default());
+        assert_eq!(decode_rule_key(&rule_key(7, 4000)), (7, 4000));
     }
 }

@@ -57,7 +57,8 @@ fn err<E: std::fmt::Display>(what: impl Into<String>) -> impl FnOnce(E) -> SyncE
 
 #[derive(Debug, Clone)]
 struct Written {
-    id: WorkloadEndpointId,
+    /// None: restored from a previous run's maps, not yet claimed by the model.
+    id: Option<WorkloadEndpointId>,
     ifindex: u32,
     slot: [u32; 2],
     rules: [Arc<Vec<Rule>>; 2],
@@ -92,6 +93,41 @@ pub struct Syncer {
     retired: Vec<(u32, usize)>,
     /// Workload-looking interfaces no endpoint claims, with programs and no entry (they drop).
     guarded: BTreeMap<String, u32>,
+    /// Restored endpoint entries whose interface is gone: deleted by the first sync.
+    stale_eps: Vec<u32>,
+    /// Restored rules no endpoint entry reads (beyond a live slot's count): deleted by the
+    /// first sync.
+    stray_rules: Vec<(u32, u32)>,
+}
+
+/// What a previous run left in the maps, read by the loader at start.
+#[derive(Debug, Clone, Default)]
+pub struct Restored {
+    pub endpoints: BTreeMap<u32, Endpoint>,
+    pub rules: BTreeMap<(u32, u32), Rule>,
+    pub sets: Vec<IpSetEntry>,
+}
+
+/// What [`Syncer::adopt`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdoptReport {
+    /// Endpoint entries on live interfaces: kept, compared with the model at the first sync.
+    pub endpoints: usize,
+    /// Entries whose interface is gone (deleted by the first sync).
+    pub stale_endpoints: usize,
+    pub rules: usize,
+    /// Slots no entry points at (freed by the first sync).
+    pub orphan_slots: usize,
+    pub set_entries: usize,
+}
+
+/// Stands for a rule missing from a restored slot (the program fails closed there); never
+/// equal to a compiled rule, so the hook is rewritten by the first sync.
+fn hole() -> Rule {
+    Rule {
+        action: u8::MAX,
+        ..Rule::default()
+    }
 }
 
 impl Syncer {
@@ -102,13 +138,121 @@ impl Syncer {
         }
     }
 
-    /// Endpoints programmed, by interface: (endpoint, ifindex, rule counts per hook).
+    /// Endpoints programmed, by interface: (endpoint, ifindex, rule counts per hook). The
+    /// endpoint is None for an entry restored from a previous run and not yet synced.
     pub fn endpoints(
         &self,
-    ) -> impl Iterator<Item = (&String, &WorkloadEndpointId, u32, [usize; 2])> {
+    ) -> impl Iterator<Item = (&String, Option<&WorkloadEndpointId>, u32, [usize; 2])> {
+        self.written.iter().map(|(i, w)| {
+            (
+                i,
+                w.id.as_ref(),
+                w.ifindex,
+                [w.rules[0].len(), w.rules[1].len()],
+            )
+        })
+    }
+
+    /// Interfaces whose programs this syncer wants: endpoints and guarded unknown ones.
+    /// Anything else attached (left by a previous run) can be swept.
+    pub fn owned_interfaces(&self) -> BTreeSet<String> {
         self.written
-            .iter()
-            .map(|(i, w)| (i, &w.id, w.ifindex, [w.rules[0].len(), w.rules[1].len()]))
+            .keys()
+            .chain(self.guarded.keys())
+            .cloned()
+            .collect()
+    }
+
+    /// Takes over what a previous run left in the maps, so that its rules keep being
+    /// enforced until the first sync, which then writes only what differs. Endpoint entries
+    /// are matched to interfaces by index; the slot allocator continues above every slot
+    /// in use; set ids in use stay reserved (their rules still reference them) until the
+    /// first sync has replaced those rules and removed the old entries.
+    pub fn adopt<K: Kernel>(&mut self, r: Restored, k: &K) -> AdoptReport {
+        let names: BTreeMap<u32, String> =
+            k.interfaces().into_iter().map(|(n, i)| (i, n)).collect();
+        let mut report = AdoptReport {
+            rules: r.rules.len(),
+            set_entries: r.sets.len(),
+            ..AdoptReport::default()
+        };
+        // Slot -> how many rules entries read from it.
+        let mut used: BTreeMap<u32, u32> = BTreeMap::new();
+        for (ifindex, ep) in &r.endpoints {
+            let shared = (0..2).any(|h| used.contains_key(&ep.slot[h])) || ep.slot[0] == ep.slot[1];
+            let Some(name) = names.get(ifindex).filter(|_| !shared) else {
+                // Gone (or a corrupt entry sharing a slot): nothing can send through it.
+                self.stale_eps.push(*ifindex);
+                report.stale_endpoints += 1;
+                continue;
+            };
+            let rules = [0, 1].map(|h| {
+                let n = ep.count[h].min(crate::layout::MAX_RULES as u32);
+                used.insert(ep.slot[h], n);
+                Arc::new(
+                    (0..n)
+                        .map(|i| r.rules.get(&(ep.slot[h], i)).cloned().unwrap_or_else(hole))
+                        .collect::<Vec<_>>(),
+                )
+            });
+            self.written.insert(
+                name.clone(),
+                Written {
+                    id: None,
+                    ifindex: *ifindex,
+                    slot: ep.slot,
+                    rules,
+                },
+            );
+            report.endpoints += 1;
+        }
+        let mut orphans: BTreeMap<u32, u32> = BTreeMap::new();
+        let mut max_slot = None;
+        for (slot, idx) in r.rules.keys() {
+            max_slot = max_slot.max(Some(*slot));
+            match used.get(slot) {
+                Some(n) if idx < n => {}
+                Some(_) => self.stray_rules.push((*slot, *idx)),
+                None => {
+                    let e = orphans.entry(*slot).or_default();
+                    *e = (*e).max(idx.saturating_add(1));
+                }
+            }
+        }
+        for s in used.keys() {
+            max_slot = max_slot.max(Some(*s));
+        }
+        report.orphan_slots = orphans.len();
+        self.retiring
+            .extend(orphans.into_iter().map(|(s, n)| (s, n as usize)));
+        // Slots below the highest in use are not scanned for gaps: a corrupt slot number
+        // must not cost memory. Retired slots are reused as usual.
+        self.next_slot = max_slot.map_or(0, |m| m.saturating_add(1));
+        self.free_slots.clear();
+        let mut max_set = 0;
+        for e in r.sets {
+            max_set = max_set.max(e.set_id);
+            self.sets.entry(e.set_id).or_default().insert(e);
+        }
+        for w in self.written.values() {
+            for list in &w.rules {
+                for rule in list.iter() {
+                    for side in [&rule.src, &rule.dst] {
+                        for id in side
+                            .sets
+                            .iter()
+                            .chain(&side.not_sets)
+                            .chain(&side.named)
+                            .chain(&side.not_named)
+                        {
+                            max_set = max_set.max(*id);
+                        }
+                    }
+                }
+            }
+        }
+        self.compiler.reserve_set_ids(max_set);
+        report
     }
 
     pub fn num_set_entries(&self) -> usize {
@@ -131,6 +275,18 @@ impl Syncer {
         k: &mut K,
     ) -> Result<SyncReport, SyncError> {
         let mut report = SyncReport::default();
+        // 0 (after a restore): what a previous run left that nothing reads.
+        while let Some(ifindex) = self.stale_eps.last().copied() {
+            k.del_endpoint(ifindex).map_err(err(format!(
+                "removing a stale endpoint entry (ifindex {ifindex})"
+            )))?;
+            self.stale_eps.pop();
+        }
+        while let Some((slot, idx)) = self.stray_rules.last().copied() {
+            k.del_rule(slot, idx)
+                .map_err(err(format!("removing a stray rule of slot {slot}")))?;
+            self.stray_rules.pop();
+        }
         // 4 (from the previous sync): free the slots retired then.
         let retiring = std::mem::take(&mut self.retiring);
         for (i, (slot, n)) in retiring.iter().enumerate() {
@@ -202,6 +358,12 @@ impl Syncer {
                 }
             }
             if !changed {
+                // A restored entry the model claims unchanged: now it has an owner.
+                if let Some(w) = self.written.get_mut(iface)
+                    && w.id.is_none()
+                {
+                    w.id = Some(ep.id.clone());
+                }
                 continue;
             }
             let entry = Endpoint {
@@ -228,7 +390,7 @@ impl Syncer {
             self.written.insert(
                 iface.clone(),
                 Written {
-                    id: ep.id.clone(),
+                    id: Some(ep.id.clone()),
                     ifindex,
                     slot,
                     rules: ep.hooks.clone(),
@@ -595,6 +757,96 @@ mod tests {
             .map(|e| (e.count[0] + e.count[1]) as usize)
             .sum();
         assert_eq!(k.rules.len(), live, "no rule outlives its slot");
+    }
+
+    #[test]
+    fn a_new_syncer_adopts_what_the_maps_hold_and_its_first_sync_rewrites_only_that() {
+        let mut k = fake();
+        let mut s = Syncer::default();
+        s.sync(&model(80, &["10.1.0.0/16"]), &mut k).expect("sync");
+        // Leftovers of a crash: a slot no entry reads, an entry whose interface is gone.
+        k.rules.insert((999, 3), Rule::default());
+        k.eps.insert(
+            77,
+            Endpoint {
+                slot: [500, 501],
+                count: [0, 0],
+                flags: 0,
+            },
+        );
+        let old_ids: BTreeSet<u32> = k.sets.iter().map(|e| e.set_id).collect();
+        let restored = Restored {
+            endpoints: k.eps.iter().map(|(i, e)| (*i, *e)).collect(),
+            rules: k.rules.iter().map(|(a, r)| (*a, r.clone())).collect(),
+            sets: k.sets.iter().copied().collect(),
+        };
+        let eps_before = k.eps.clone();
+        let mut s2 = Syncer::default();
+        let a = s2.adopt(restored, &k);
+        assert_eq!(
+            (a.endpoints, a.stale_endpoints, a.orphan_slots),
+            (3, 1, 1),
+            "{a:?}"
+        );
+        assert_eq!(k.eps, eps_before, "adopting writes nothing");
+        assert!(s2.endpoints().all(|(_, id, _, _)| id.is_none()));
+        assert_eq!(s2.owned_interfaces().len(), 3);
+        // The first sync: the Fake checks at every flip that the new slots and sets are
+        // complete; set ids never reuse the restored ones (old rules still read them).
+        let r = s2.sync(&model(80, &["10.1.0.0/16"]), &mut k).expect("sync");
+        assert!(r.endpoints_flipped <= 3);
+        assert!(!k.eps.contains_key(&77), "the stale entry is gone");
+        assert!(!k.rules.contains_key(&(999, 3)) || r.slots_freed == 1);
+        let new_ids: BTreeSet<u32> = k.sets.iter().map(|e| e.set_id).collect();
+        assert!(
+            new_ids.is_disjoint(&old_ids),
+            "{new_ids:?} vs {old_ids:?}: old set entries are removed, no id reused"
+        );
+        assert!(s2.endpoints().all(|(_, id, _, _)| id.is_some()));
+        // A second sync writes nothing; after it every rule belongs to a live slot.
+        let r = s2.sync(&model(80, &["10.1.0.0/16"]), &mut k).expect("sync");
+        assert_eq!((r.rules_written, r.endpoints_flipped), (0, 0));
+        s2.sync(&model(80, &["10.1.0.0/16"]), &mut k).expect("sync");
+        let live: usize = k
+            .eps
+            .values()
+            .map(|e| (e.count[0] + e.count[1]) as usize)
+            .sum();
+        assert_eq!(k.rules.len(), live, "no rule outlives its slot");
+        // New slots never collide with the restored ones still in use.
+        let mut slots: Vec<u32> = k.eps.values().flat_map(|e| e.slot).collect();
+        let n = slots.len();
+        slots.sort_unstable();
+        slots.dedup();
+        assert_eq!(slots.len(), n);
+    }
+
+    #[test]
+    fn a_restored_endpoint_the_model_does_not_change_is_not_rewritten() {
+        // An endpoint whose rules reference no IP set (no addresses: no anti-spoofing set,
+        // no policy): its restored rules compare equal to the compiled ones.
+        let mut m = model(80, &[]);
+        m.workload_endpoints
+            .retain(|id, _| id.workload == "ns/cali-c");
+        for ep in m.workload_endpoints.values_mut() {
+            Arc::make_mut(ep).ipv4_nets.clear();
+        }
+        let mut k = fake();
+        let mut s = Syncer::default();
+        s.sync(&m, &mut k).expect("sync");
+        assert!(k.sets.is_empty());
+        let restored = Restored {
+            endpoints: k.eps.iter().map(|(i, e)| (*i, *e)).collect(),
+            rules: k.rules.iter().map(|(a, r)| (*a, r.clone())).collect(),
+            sets: vec![],
+        };
+        let mut s2 = Syncer::default();
+        s2.adopt(restored, &k);
+        let before = k.writes;
+        let r = s2.sync(&m, &mut k).expect("sync");
+        assert_eq!(r.endpoints_flipped, 0, "{r:?}");
+        assert_eq!(k.writes, before, "nothing differs, nothing is written");
+        assert!(s2.endpoints().all(|(_, id, _, _)| id.is_some()), "claimed");
     }
 
     #[test]

@@ -231,8 +231,35 @@ fn programs_enforce_fail_closed_ports_replies_and_an_atomic_flip() {
         assert!(!tcp(&t, 0, 1, 80));
         drop(k);
     });
-    // Dropping the loader detaches everything: traffic flows again.
-    assert!(tcp(&t, 0, 1, 80));
+    // The loader is gone (a killed Felix): the pinned links and maps go on enforcing.
+    assert!(tcp(&t, 0, 1, 81));
+    assert!(!tcp(&t, 0, 1, 80), "still enforced with nobody running");
+    in_ns(&t.node, || {
+        // A new loader whose programs "changed": the links are kept, their programs
+        // replaced in place, and the maps' contents come back.
+        let mut k = BpfMaps::load_with(&fs.path().join("nodea"), true).unwrap();
+        let r = k.link_restore().clone();
+        assert_eq!((r.interfaces, r.programs_replaced), (1, 2), "{r:?}");
+        let restored = k.take_restored();
+        assert_eq!(restored.endpoints.len(), 1);
+        // program() never deletes: the three programmings left 5 rules (2 live).
+        assert_eq!(restored.rules.len(), 5);
+        assert!(tcp(&t, 0, 1, 81));
+        assert!(
+            !tcp(&t, 0, 1, 80),
+            "the replaced programs enforce the same maps"
+        );
+        // Sweeping what nobody claims detaches it; nothing is left pinned.
+        assert_eq!(k.sweep(&BTreeSet::new()), 1);
+        assert_eq!(
+            std::fs::read_dir(fs.path().join("nodea/links"))
+                .unwrap()
+                .count(),
+            0
+        );
+        drop(k);
+    });
+    assert!(tcp(&t, 0, 1, 80), "swept: traffic flows again");
 }
 
 /// The largest rule the limits allow, `MAX_RULES` times; the packet matches none until the

@@ -8,18 +8,21 @@
 //! network namespace of the thread calling `apply`/`housekeeping` (Felix runs inside its
 //! node's namespace).
 //!
+//! Restarts do not touch traffic: the programs' TCX links and the maps are pinned, so
+//! they keep enforcing the previous run's rules while Felix is down and after it starts;
+//! `new` adopts them (the syncer's state is rebuilt from the maps) and the first in-sync
+//! write changes only what differs, then sweeps programs no endpoint claims any more.
+//!
 //! DefaultEndpointToHostAction and natOutgoing stay in a small nftables table
 //! ([`crate::bpf_host_nft`]). Not in this milestone (see crates/bpf/DESIGN.md): host
-//! endpoints, IPv6, restoring state across
-//! restarts (the maps are cleared at start and programs detach when Felix exits), conntrack
-//! garbage collection (the LRU map evicts), per-rule counters.
+//! endpoints, IPv6, conntrack garbage collection (the LRU map evicts), per-rule counters.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use margay_bpf::compile::CompileConfig;
-use margay_bpf::loader::{BpfMaps, LoadError, ensure_bpffs};
-use margay_bpf::sync::{SyncReport, Syncer};
+use margay_bpf::loader::{BpfMaps, LinkRestore, LoadError, ensure_bpffs};
+use margay_bpf::sync::{AdoptReport, SyncReport, Syncer};
 use margay_calc::Message;
 
 use crate::bpf_host_nft::{HostNft, HostNftConfig};
@@ -65,6 +68,7 @@ pub struct BpfDriver {
     host_nft: Option<HostNft>,
     workload_prefixes: Vec<String>,
     last_report: SyncReport,
+    restore: (AdoptReport, LinkRestore),
 }
 
 impl BpfDriver {
@@ -76,14 +80,26 @@ impl BpfDriver {
         {
             tracing::info!(dir = %m.display(), "mounted a BPF filesystem");
         }
-        let maps = BpfMaps::load(&cfg.pin_dir)?;
-        tracing::info!(pin_dir = %cfg.pin_dir.display(), "eBPF policy programs loaded");
+        let mut maps = BpfMaps::load(&cfg.pin_dir)?;
+        let mut syncer = Syncer::new(cfg.compile);
+        let restored = maps.take_restored();
+        let adopted = syncer.adopt(restored, &maps);
+        let links = maps.link_restore().clone();
+        tracing::info!(
+            pin_dir = %cfg.pin_dir.display(),
+            endpoints = adopted.endpoints,
+            rules = adopted.rules,
+            set_entries = adopted.set_entries,
+            interfaces = links.interfaces,
+            programs_replaced = links.programs_replaced,
+            "eBPF policy programs loaded; what the previous run left stays enforced until in-sync"
+        );
         let state = Recording::default();
         Ok((
             BpfDriver {
                 state: state.clone(),
                 maps,
-                syncer: Syncer::new(cfg.compile),
+                syncer,
                 dirty: false,
                 routing: cfg.routing.map(Routing::new),
                 route_refresh_interval: cfg.route_refresh_interval,
@@ -100,9 +116,15 @@ impl BpfDriver {
                 host_nft: cfg.host_nft.map(HostNft::new),
                 workload_prefixes: cfg.workload_prefixes,
                 last_report: SyncReport::default(),
+                restore: (adopted, links),
             },
             state,
         ))
+    }
+
+    /// What the start took over from a previous run (map contents, pinned links).
+    pub fn restore_report(&self) -> &(AdoptReport, LinkRestore) {
+        &self.restore
     }
 
     /// What the last successful write did.
@@ -136,6 +158,9 @@ impl BpfDriver {
                 what: "eBPF programs on unknown workload interfaces".into(),
                 reason: e.to_string(),
             })?;
+        // Programs a previous run attached that nothing claims now.
+        let owned = self.syncer.owned_interfaces();
+        self.maps.sweep(&owned);
         if let Some(h) = &mut self.host_nft {
             h.sync(&st.model).map_err(|e| DataplaneError::Apply {
                 what: "nftables (endpoint-to-host, natOutgoing)".into(),
