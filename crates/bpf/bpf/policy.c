@@ -14,11 +14,12 @@
 #define MAX_SETS 4      // positive or negative IP-set references per rule side
 #define MAX_NAMED 4     // named-port sets per rule side (each list)
 #define MAX_PORTS 8     // port ranges per rule side (each list)
-#define MAX_RULES 4096  // rules per endpoint and direction (bpf_loop bound)
+#define MAX_RULES 4096  // steps per endpoint and direction: rules evaluated + blocks entered
+			// (the bpf_loop bound)
 
 #define ACT_ALLOW 0
 #define ACT_DENY 1
-#define ACT_PASS 2 // jump to `jump` (start of the next tier / profile)
+#define ACT_PASS 2 // continue at the step's pass_to (the next tier / profile)
 #define ACT_LOG 3  // no output yet: evaluation continues
 
 #define F_PROTO 0x01
@@ -27,6 +28,9 @@
 #define F_ICMP_CODE 0x08
 #define F_NOT_ICMP_TYPE 0x10
 #define F_NOT_ICMP_CODE 0x20
+
+#define STEP_BLOCK 0 // evaluate a block of rules
+#define STEP_DENY 1  // a tier's default deny
 
 #define HOOK_FROM_WL 0 // tc ingress: the workload's egress policy
 #define HOOK_TO_WL 1   // tc egress: the workload's ingress policy
@@ -53,7 +57,7 @@ struct rule {
 	__u8 proto;
 	__u8 not_proto;
 	__u8 icmp_type, icmp_code, not_icmp_type, not_icmp_code;
-	__u32 jump; // ACT_PASS: index of the next rule to evaluate
+	__u32 jump; // unused (Pass targets are per endpoint, in the step)
 	__u32 pad;
 	struct side src;
 	struct side dst;
@@ -64,7 +68,21 @@ struct rule_key {
 	__u32 idx;
 };
 
-// One endpoint: the rule slot and rule count per hook. Replaced by one map write (the flip).
+// One step of an endpoint hook's list.
+struct step {
+	__u32 kind;
+	__u32 block;   // STEP_BLOCK: the block to evaluate
+	__u32 pass_to; // a Pass rule in the block continues at this step
+};
+
+// Where a block's rules are: replaced by one map write when its policy changes (every
+// endpoint using the policy sees the new rules at once).
+struct block {
+	__u32 slot;
+	__u32 count;
+};
+
+// One endpoint: the step slot and step count per hook. Replaced by one map write (the flip).
 struct endpoint {
 	__u32 slot[2];
 	__u32 count[2];
@@ -114,6 +132,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mgy_rules SEC(".maps");
 
+// Endpoint step lists, keyed like rules: {step slot, index}.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct rule_key);
+	__type(value, struct step);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_steps SEC(".maps");
+
+// Blocks (one per policy or profile and hook, one per endpoint for its own guards).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct block);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_blocks SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__type(key, struct ipset_key);
@@ -141,10 +179,14 @@ struct pkt {
 
 struct eval {
 	struct pkt *p;
-	__u32 slot;
-	__u32 next;  // the next rule index to evaluate
-	__u32 count;
-	int verdict; // -1: none yet
+	__u32 ep_slot;   // the endpoint hook's step list
+	__u32 nsteps;
+	__u32 step;      // the next step to enter
+	__u32 blk_slot;  // the block being evaluated
+	__u32 blk_count;
+	__u32 rule;      // the next rule of that block
+	__u32 pass_to;
+	int verdict;     // -1: none yet
 };
 
 static __always_inline int in_set(__u32 id, __u32 addr)
@@ -237,21 +279,48 @@ static __always_inline int rule_matches(const struct rule *r, const struct pkt *
 	return 1;
 }
 
+// One loop iteration: enter the next step (a block or a deny), or evaluate one rule of the
+// current block. A block entry is read once per packet and step, so a packet evaluates a
+// policy's old rules or its new ones, whole.
 static long eval_step(__u32 i, void *data)
 {
 	struct eval *e = data;
 	(void)i;
-	if (e->next >= e->count || e->next >= MAX_RULES)
+	if (e->rule >= e->blk_count) {
+		if (e->step >= e->nsteps || e->step >= MAX_RULES)
+			return 1; // the end of the list: no verdict, default deny
+		struct rule_key sk = {.slot = e->ep_slot, .idx = e->step};
+		struct step *s = bpf_map_lookup_elem(&mgy_steps, &sk);
+		if (!s || s->kind != STEP_BLOCK) {
+			// A tier's default deny, or a hole (a bug or a torn write): fail closed.
+			e->verdict = TC_ACT_SHOT;
+			return 1;
+		}
+		__u32 id = s->block;
+		struct block *b = bpf_map_lookup_elem(&mgy_blocks, &id);
+		if (!b) {
+			e->verdict = TC_ACT_SHOT;
+			return 1;
+		}
+		e->blk_slot = b->slot;
+		e->blk_count = b->count;
+		e->rule = 0;
+		e->pass_to = s->pass_to;
+		e->step++;
+		return 0;
+	}
+	if (e->rule >= MAX_RULES) {
+		e->verdict = TC_ACT_SHOT;
 		return 1;
-	struct rule_key k = {.slot = e->slot, .idx = e->next};
+	}
+	struct rule_key k = {.slot = e->blk_slot, .idx = e->rule};
 	struct rule *r = bpf_map_lookup_elem(&mgy_rules, &k);
 	if (!r) {
-		// A hole in a slot is a bug or a torn write: fail closed.
 		e->verdict = TC_ACT_SHOT;
 		return 1;
 	}
 	if (!rule_matches(r, e->p)) {
-		e->next++;
+		e->rule++;
 		return 0;
 	}
 	switch (r->action) {
@@ -259,11 +328,13 @@ static long eval_step(__u32 i, void *data)
 		e->verdict = TC_ACT_OK;
 		return 1;
 	case ACT_PASS:
-		// Only forward jumps: evaluation always ends within count steps.
-		e->next = r->jump > e->next ? r->jump : e->next + 1;
+		// Only forward: evaluation always ends within the loop bound.
+		if (e->pass_to > e->step)
+			e->step = e->pass_to;
+		e->rule = e->blk_count;
 		return 0;
 	case ACT_LOG:
-		e->next++;
+		e->rule++;
 		return 0;
 	default:
 		e->verdict = TC_ACT_SHOT;
@@ -357,8 +428,8 @@ static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 	// judged by the workload's ingress policy, as with the nftables dataplane (no output
 	// hook); it is recorded so the workload's replies pass its egress hook.
 	if (!(hook == HOOK_TO_WL && skb->ingress_ifindex == 0)) {
-		struct eval e = {.p = &p, .slot = ep->slot[hook & 1], .next = 0,
-				 .count = ep->count[hook & 1], .verdict = -1};
+		struct eval e = {.p = &p, .ep_slot = ep->slot[hook & 1],
+				 .nsteps = ep->count[hook & 1], .verdict = -1};
 		bpf_loop(MAX_RULES, eval_step, &e, 0);
 		if (e.verdict != TC_ACT_OK)
 			return TC_ACT_SHOT; // denied, or no rule decided: default deny

@@ -12,7 +12,8 @@ pub const MAX_SETS: usize = 4;
 pub const MAX_NAMED: usize = 4;
 /// Port ranges per rule side (each list).
 pub const MAX_PORTS: usize = 8;
-/// Rules per endpoint and direction: the program's `bpf_loop` bound.
+/// Evaluation steps per endpoint and direction (every rule evaluated plus every block entered):
+/// the program's `bpf_loop` bound.
 pub const MAX_RULES: usize = 4096;
 
 pub const ACT_ALLOW: u8 = 0;
@@ -38,7 +39,14 @@ pub const ENDPOINT_SIZE: usize = 24;
 pub const RULE_KEY_SIZE: usize = 8;
 /// The LPM key's data after its 4-byte prefix length.
 pub const IPSET_DATA_SIZE: usize = 12;
+pub const STEP_SIZE: usize = 12;
+pub const BLOCK_SIZE: usize = 8;
 pub const CT_KEY_SIZE: usize = 20;
+
+/// A step that evaluates a block of rules.
+pub const STEP_BLOCK: u32 = 0;
+/// A step that denies (a tier's default action).
+pub const STEP_DENY: u32 = 1;
 pub const CT_VAL_SIZE: usize = 16;
 
 /// Prefix bits of an IP-set entry's key before the address: the set id.
@@ -225,7 +233,59 @@ pub fn rule_key(slot: u32, idx: u32) -> [u8; RULE_KEY_SIZE] {
     k
 }
 
-/// An endpoint's entry: the rule slot and count per hook. Written in one map update.
+/// One step of an endpoint hook's list (`mgy_steps[{slot, idx}]`): evaluate block `block`
+/// (a Pass rule in it continues at step `pass_to`), or deny.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct StepEnc {
+    pub kind: u32,
+    pub block: u32,
+    pub pass_to: u32,
+}
+
+impl StepEnc {
+    pub fn encode(&self) -> [u8; STEP_SIZE] {
+        let mut b = [0u8; STEP_SIZE];
+        b[..4].copy_from_slice(&self.kind.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.block.to_ne_bytes());
+        b[8..].copy_from_slice(&self.pass_to.to_ne_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; STEP_SIZE]) -> StepEnc {
+        let u = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        StepEnc {
+            kind: u(0),
+            block: u(4),
+            pass_to: u(8),
+        }
+    }
+}
+
+/// A block's entry (`mgy_blocks[id]`): where its current rules are. Replaced in one map
+/// write when the policy changes (the flip, for every endpoint using it at once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Block {
+    pub slot: u32,
+    pub count: u32,
+}
+
+impl Block {
+    pub fn encode(&self) -> [u8; BLOCK_SIZE] {
+        let mut b = [0u8; BLOCK_SIZE];
+        b[..4].copy_from_slice(&self.slot.to_ne_bytes());
+        b[4..].copy_from_slice(&self.count.to_ne_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; BLOCK_SIZE]) -> Block {
+        Block {
+            slot: u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+            count: u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+        }
+    }
+}
+
+/// An endpoint's entry: the step slot and step count per hook. Written in one map update.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Endpoint {
     pub slot: [u32; 2],
@@ -409,5 +469,13 @@ mod tests {
         assert_eq!(Rule::decode(&r.encode()), r);
         assert_eq!(Rule::decode(&Rule::default().encode()), Rule::default());
         assert_eq!(decode_rule_key(&rule_key(7, 4000)), (7, 4000));
+        let st = StepEnc {
+            kind: STEP_DENY,
+            block: 9,
+            pass_to: 12,
+        };
+        assert_eq!(StepEnc::decode(&st.encode()), st);
+        let b = Block { slot: 3, count: 4 };
+        assert_eq!(Block::decode(&b.encode()), b);
     }
 }

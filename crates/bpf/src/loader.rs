@@ -143,6 +143,8 @@ pub struct BpfMaps {
     ebpf: Ebpf,
     eps: HashMap<MapData, [u8; 4], [u8; ENDPOINT_SIZE]>,
     rules: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; RULE_SIZE]>,
+    steps: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; STEP_SIZE]>,
+    blocks: HashMap<MapData, [u8; 4], [u8; BLOCK_SIZE]>,
     sets: LpmTrie<MapData, [u8; IPSET_DATA_SIZE], u32>,
     attached: BTreeMap<String, Attached>,
     pin_dir: PathBuf,
@@ -215,6 +217,10 @@ impl BpfMaps {
             HashMap::try_from(take(&mut ebpf, "mgy_eps")?).map_err(bad("mgy_eps"))?;
         let rules: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; RULE_SIZE]> =
             HashMap::try_from(take(&mut ebpf, "mgy_rules")?).map_err(bad("mgy_rules"))?;
+        let steps: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; STEP_SIZE]> =
+            HashMap::try_from(take(&mut ebpf, "mgy_steps")?).map_err(bad("mgy_steps"))?;
+        let blocks: HashMap<MapData, [u8; 4], [u8; BLOCK_SIZE]> =
+            HashMap::try_from(take(&mut ebpf, "mgy_blocks")?).map_err(bad("mgy_blocks"))?;
         let sets: LpmTrie<MapData, [u8; IPSET_DATA_SIZE], u32> =
             LpmTrie::try_from(take(&mut ebpf, "mgy_ipsets")?).map_err(bad("mgy_ipsets"))?;
         // What the previous run wrote; the maps' sizes bound it.
@@ -227,6 +233,16 @@ impl BpfMaps {
         for (k, v) in rules.iter().filter_map(Result::ok) {
             restored.rules.insert(decode_rule_key(&k), Rule::decode(&v));
         }
+        for (k, v) in steps.iter().filter_map(Result::ok) {
+            restored
+                .steps
+                .insert(decode_rule_key(&k), StepEnc::decode(&v));
+        }
+        for (k, v) in blocks.iter().filter_map(Result::ok) {
+            restored
+                .blocks
+                .insert(u32::from_ne_bytes(k), Block::decode(&v));
+        }
         for k in sets.keys().filter_map(Result::ok) {
             if let Some(e) = IpSetEntry::decode(k.prefix_len(), &k.data()) {
                 restored.sets.push(e);
@@ -236,6 +252,8 @@ impl BpfMaps {
             ebpf,
             eps,
             rules,
+            steps,
+            blocks,
             sets,
             attached: BTreeMap::new(),
             pin_dir: pin_dir.to_path_buf(),
@@ -547,6 +565,26 @@ impl Kernel for BpfMaps {
 
     fn del_rule(&mut self, slot: u32, idx: u32) -> Result<(), KernelError> {
         gone_ok(self.rules.remove(&rule_key(slot, idx))).map_err(map_err("mgy_rules"))
+    }
+
+    fn put_step(&mut self, slot: u32, idx: u32, step: &StepEnc) -> Result<(), KernelError> {
+        self.steps
+            .insert(rule_key(slot, idx), step.encode(), 0)
+            .map_err(map_err("mgy_steps"))
+    }
+
+    fn del_step(&mut self, slot: u32, idx: u32) -> Result<(), KernelError> {
+        gone_ok(self.steps.remove(&rule_key(slot, idx))).map_err(map_err("mgy_steps"))
+    }
+
+    fn put_block(&mut self, id: u32, block: &Block) -> Result<(), KernelError> {
+        self.blocks
+            .insert(id.to_ne_bytes(), block.encode(), 0)
+            .map_err(map_err("mgy_blocks"))
+    }
+
+    fn del_block(&mut self, id: u32) -> Result<(), KernelError> {
+        gone_ok(self.blocks.remove(&id.to_ne_bytes())).map_err(map_err("mgy_blocks"))
     }
 
     fn put_endpoint(&mut self, ifindex: u32, ep: &Endpoint) -> Result<(), KernelError> {

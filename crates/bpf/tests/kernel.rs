@@ -171,20 +171,42 @@ fn allow_tcp_port(port: u16) -> Vec<Rule> {
     }]
 }
 
-/// Writes `rules` into a slot per hook and points the interface's entry at them.
+/// Writes `rules` per hook as a block (id and rule slot `slot_base + hook`) and a one-step
+/// list (step slot `slot_base + 2 + hook`; no step for no rules: deny), then points the
+/// interface's entry at the step lists.
 fn program(k: &mut BpfMaps, iface: &str, slot_base: u32, hooks: [Vec<Rule>; 2]) {
     let ifindex = k.ifindex(iface).unwrap();
     k.attach(iface, ifindex).unwrap();
+    let mut count = [0u32; 2];
     for (h, rules) in hooks.iter().enumerate() {
+        let slot = slot_base + h as u32;
         for (i, r) in rules.iter().enumerate() {
-            k.put_rule(slot_base + h as u32, i as u32, r).unwrap();
+            k.put_rule(slot, i as u32, r).unwrap();
         }
+        if rules.is_empty() {
+            continue;
+        }
+        k.put_block(
+            slot,
+            &Block {
+                slot,
+                count: rules.len() as u32,
+            },
+        )
+        .unwrap();
+        let step = StepEnc {
+            kind: STEP_BLOCK,
+            block: slot,
+            pass_to: 1,
+        };
+        k.put_step(slot_base + 2 + h as u32, 0, &step).unwrap();
+        count[h] = 1;
     }
     k.put_endpoint(
         ifindex,
         &Endpoint {
-            slot: [slot_base, slot_base + 1],
-            count: [hooks[0].len() as u32, hooks[1].len() as u32],
+            slot: [slot_base + 2, slot_base + 3],
+            count,
             flags: 0,
         },
     )
@@ -244,6 +266,7 @@ fn programs_enforce_fail_closed_ports_replies_and_an_atomic_flip() {
         assert_eq!(restored.endpoints.len(), 1);
         // program() never deletes: the three programmings left 5 rules (2 live).
         assert_eq!(restored.rules.len(), 5);
+        assert_eq!((restored.blocks.len(), restored.steps.len()), (5, 5));
         assert!(tcp(&t, 0, 1, 81));
         assert!(
             !tcp(&t, 0, 1, 80),
@@ -325,13 +348,14 @@ fn the_largest_policy_loads_passes_the_verifier_and_is_evaluated_to_the_end() {
             },
             ..miss.clone()
         };
-        let mut rules = vec![miss; MAX_RULES - 1];
+        // One step enters the block: MAX_RULES - 1 rules fill the loop's bound.
+        let mut rules = vec![miss; MAX_RULES - 2];
         rules.push(hit);
         let started = Instant::now();
         program(&mut k, "calib0", 0, [allow_all(), rules]);
         eprintln!(
             "wrote {} rules of {} bytes in {:?}",
-            MAX_RULES,
+            MAX_RULES - 1,
             RULE_SIZE,
             started.elapsed()
         );
