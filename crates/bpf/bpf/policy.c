@@ -110,9 +110,32 @@ struct ct_key {
 	__u8 pad[2];
 };
 
+// Conntrack states (flags, only ever set) and their idle timeouts, as Calico's BPF
+// defaults; mirrored by layout.rs, whose garbage collector applies the same table.
+#define CT_REPLY_SEEN 0x01 // the other direction answered: TCP established
+#define CT_FIN_FWD 0x02
+#define CT_FIN_REV 0x04
+#define CT_RST 0x08
+
+#define SEC_NS 1000000000ULL
+#define CT_TCP_SYN_SENT (20 * SEC_NS)
+#define CT_TCP_ESTABLISHED (3600 * SEC_NS)
+#define CT_TCP_FINS_SEEN (30 * SEC_NS)
+#define CT_TCP_RESET_SEEN (40 * SEC_NS)
+#define CT_UDP (60 * SEC_NS)
+#define CT_ICMP (5 * SEC_NS)
+#define CT_GENERIC (600 * SEC_NS)
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
 struct ct_val {
 	__u64 last_seen_ns;
-	__u64 created_ns;
+	__u32 flags;
+	__u8 proto;
+	__u8 pad[3];
 };
 
 struct {
@@ -175,6 +198,7 @@ struct pkt {
 	__u8 proto;
 	__u8 icmp_type, icmp_code;
 	__u8 has_ports;
+	__u8 tcp_flags;
 };
 
 struct eval {
@@ -358,7 +382,17 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	if (later_frag)
 		return 0;
 	switch (ip.protocol) {
-	case IPPROTO_TCP:
+	case IPPROTO_TCP: {
+		__u8 h[14];
+		if (bpf_skb_load_bytes(skb, l4, h, sizeof(h)) < 0)
+			return -1;
+		// Ports stay in network order, as the other protocols' are.
+		__builtin_memcpy(&p->sport, &h[0], 2);
+		__builtin_memcpy(&p->dport, &h[2], 2);
+		p->tcp_flags = h[13];
+		p->has_ports = 1;
+		break;
+	}
 	case IPPROTO_UDP:
 	case IPPROTO_SCTP:
 	case IPPROTO_UDPLITE: {
@@ -388,6 +422,26 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	return 0;
 }
 
+static __always_inline __u64 ct_timeout(__u8 proto, __u32 flags)
+{
+	switch (proto) {
+	case IPPROTO_TCP:
+		if (flags & CT_RST)
+			return CT_TCP_RESET_SEEN;
+		if ((flags & (CT_FIN_FWD | CT_FIN_REV)) == (CT_FIN_FWD | CT_FIN_REV))
+			return CT_TCP_FINS_SEEN;
+		if (flags & CT_REPLY_SEEN)
+			return CT_TCP_ESTABLISHED;
+		return CT_TCP_SYN_SENT;
+	case IPPROTO_UDP:
+		return CT_UDP;
+	case IPPROTO_ICMP:
+		return CT_ICMP;
+	default:
+		return CT_GENERIC;
+	}
+}
+
 static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 {
 	if (skb->protocol == bpf_htons(ETH_P_ARP))
@@ -407,19 +461,31 @@ static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 	struct ct_key fwd = {.ifindex = ifindex, .saddr = p.saddr, .daddr = p.daddr,
 			     .sport = p.sport, .dport = p.dport, .proto = p.proto, .hook = hook};
 	struct ct_val *cv = bpf_map_lookup_elem(&mgy_ct, &fwd);
+	int reply = 0;
 	if (!cv) {
 		// A reply: the reverse flow was judged on this interface by the other hook.
 		struct ct_key rev = {.ifindex = ifindex, .saddr = p.daddr, .daddr = p.saddr,
 				     .sport = p.dport, .dport = p.sport, .proto = p.proto,
 				     .hook = hook ^ 1};
 		cv = bpf_map_lookup_elem(&mgy_ct, &rev);
+		reply = 1;
 	}
-	if (cv) {
-		// Coarse timeouts: an entry idle for longer than 1 h (TCP) / 60 s (others) is
-		// stale and the packet is judged again.
-		__u64 idle = p.proto == IPPROTO_TCP ? 3600ULL * 1000000000ULL : 60ULL * 1000000000ULL;
-		if (now - cv->last_seen_ns <= idle) {
+	// A TCP SYN (without ACK) never reuses a closing or closed flow's entry: the new
+	// connection on the same ports is judged by policy.
+	int syn = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	if (cv && !(syn && (cv->flags & (CT_FIN_FWD | CT_FIN_REV | CT_RST)))) {
+		if (now - cv->last_seen_ns <= ct_timeout(cv->proto, cv->flags)) {
 			cv->last_seen_ns = now;
+			__u32 set = reply ? CT_REPLY_SEEN : 0;
+			if (p.proto == IPPROTO_TCP) {
+				if (p.tcp_flags & TCP_RST)
+					set |= CT_RST;
+				if (p.tcp_flags & TCP_FIN)
+					set |= reply ? CT_FIN_REV : CT_FIN_FWD;
+			}
+			// Flags are only ever set; an atomic OR keeps two CPUs from losing one.
+			if (set && (cv->flags & set) != set)
+				__sync_fetch_and_or(&cv->flags, set);
 			return TC_ACT_OK;
 		}
 	}
@@ -434,7 +500,9 @@ static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 		if (e.verdict != TC_ACT_OK)
 			return TC_ACT_SHOT; // denied, or no rule decided: default deny
 	}
-	struct ct_val nv = {.last_seen_ns = now, .created_ns = now};
+	struct ct_val nv = {.last_seen_ns = now, .proto = p.proto};
+	if (p.proto == IPPROTO_TCP && (p.tcp_flags & TCP_RST))
+		nv.flags = CT_RST;
 	bpf_map_update_elem(&mgy_ct, &fwd, &nv, BPF_ANY);
 	return TC_ACT_OK;
 }

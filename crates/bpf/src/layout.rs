@@ -43,6 +43,89 @@ pub const STEP_SIZE: usize = 12;
 pub const BLOCK_SIZE: usize = 8;
 pub const CT_KEY_SIZE: usize = 20;
 
+/// Conntrack entry flags (`struct ct_val.flags`), only ever set by the program.
+pub const CT_REPLY_SEEN: u32 = 0x01;
+pub const CT_FIN_FWD: u32 = 0x02;
+pub const CT_FIN_REV: u32 = 0x04;
+pub const CT_RST: u32 = 0x08;
+
+/// Idle timeouts (ns) by protocol and state, Calico's BPF defaults (BPFConntrackTimeouts);
+/// `ct_timeout` in policy.c holds the same table.
+pub const CT_TCP_SYN_SENT_NS: u64 = 20 * SEC_NS;
+pub const CT_TCP_ESTABLISHED_NS: u64 = 3600 * SEC_NS;
+pub const CT_TCP_FINS_SEEN_NS: u64 = 30 * SEC_NS;
+pub const CT_TCP_RESET_SEEN_NS: u64 = 40 * SEC_NS;
+pub const CT_UDP_NS: u64 = 60 * SEC_NS;
+pub const CT_ICMP_NS: u64 = 5 * SEC_NS;
+pub const CT_GENERIC_NS: u64 = 600 * SEC_NS;
+const SEC_NS: u64 = 1_000_000_000;
+
+/// How long an entry may stay idle before the program judges its flow again and the
+/// garbage collector deletes it.
+pub fn ct_timeout(proto: u8, flags: u32) -> u64 {
+    match proto {
+        6 if flags & CT_RST != 0 => CT_TCP_RESET_SEEN_NS,
+        6 if flags & (CT_FIN_FWD | CT_FIN_REV) == CT_FIN_FWD | CT_FIN_REV => CT_TCP_FINS_SEEN_NS,
+        6 if flags & CT_REPLY_SEEN != 0 => CT_TCP_ESTABLISHED_NS,
+        6 => CT_TCP_SYN_SENT_NS,
+        17 => CT_UDP_NS,
+        1 => CT_ICMP_NS,
+        _ => CT_GENERIC_NS,
+    }
+}
+
+/// A conntrack entry's key, as the program writes it: the flow's first packet on
+/// `ifindex`, judged by `hook`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CtKey {
+    pub ifindex: u32,
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    /// Host order (ICMP echo: the identifier).
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub hook: u8,
+}
+
+impl CtKey {
+    pub fn decode(b: &[u8; CT_KEY_SIZE]) -> CtKey {
+        CtKey {
+            ifindex: u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+            src: Ipv4Addr::new(b[4], b[5], b[6], b[7]),
+            dst: Ipv4Addr::new(b[8], b[9], b[10], b[11]),
+            sport: u16::from_be_bytes([b[12], b[13]]),
+            dport: u16::from_be_bytes([b[14], b[15]]),
+            proto: b[16],
+            hook: b[17],
+        }
+    }
+}
+
+/// A conntrack entry's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CtVal {
+    /// CLOCK_MONOTONIC ns of the last packet.
+    pub last_seen_ns: u64,
+    pub flags: u32,
+    pub proto: u8,
+}
+
+impl CtVal {
+    pub fn decode(b: &[u8; CT_VAL_SIZE]) -> CtVal {
+        CtVal {
+            last_seen_ns: u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+            flags: u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+            proto: b[12],
+        }
+    }
+
+    /// Expired at `now_ns` (the program would judge the flow again).
+    pub fn expired(&self, now_ns: u64) -> bool {
+        now_ns.saturating_sub(self.last_seen_ns) > ct_timeout(self.proto, self.flags)
+    }
+}
+
 /// A step that evaluates a block of rules.
 pub const STEP_BLOCK: u32 = 0;
 /// A step that denies (a tier's default action).
@@ -438,6 +521,42 @@ mod tests {
         let (plen, d) = e.key();
         assert_eq!(IpSetEntry::decode(plen, &d), Some(e));
         assert_eq!(IpSetEntry::decode(7, &d), None);
+    }
+
+    #[test]
+    fn conntrack_timeouts_follow_the_tcp_state() {
+        let v = |proto, flags| CtVal {
+            last_seen_ns: 1_000,
+            flags,
+            proto,
+        };
+        let s = 1_000_000_000u64;
+        assert_eq!(ct_timeout(6, 0), 20 * s);
+        assert_eq!(ct_timeout(6, CT_REPLY_SEEN), 3600 * s);
+        assert_eq!(ct_timeout(6, CT_REPLY_SEEN | CT_FIN_FWD), 3600 * s);
+        assert_eq!(
+            ct_timeout(6, CT_REPLY_SEEN | CT_FIN_FWD | CT_FIN_REV),
+            30 * s
+        );
+        assert_eq!(ct_timeout(6, CT_REPLY_SEEN | CT_RST), 40 * s);
+        assert_eq!((ct_timeout(17, 0), ct_timeout(1, 0)), (60 * s, 5 * s));
+        assert_eq!(ct_timeout(132, 0), 600 * s);
+        assert!(!v(17, 0).expired(1_000 + 60 * s));
+        assert!(v(17, 0).expired(1_001 + 60 * s));
+        // A clock behind the entry (never expired).
+        assert!(!v(6, 0).expired(0));
+        let mut b = [0u8; CT_VAL_SIZE];
+        b[..8].copy_from_slice(&7u64.to_ne_bytes());
+        b[8..12].copy_from_slice(&CT_RST.to_ne_bytes());
+        b[12] = 6;
+        assert_eq!(CtVal::decode(&b), v(6, CT_RST).with_last_seen(7));
+    }
+
+    impl CtVal {
+        fn with_last_seen(mut self, ns: u64) -> CtVal {
+            self.last_seen_ns = ns;
+            self
+        }
     }
 
     #[test]

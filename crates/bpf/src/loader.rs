@@ -127,6 +127,21 @@ const HOOKS: [TcAttachType; 2] = [TcAttachType::Ingress, TcAttachType::Egress];
 /// the interface name is written `%2e`, a percent sign `%25`).
 const HOOK_PINS: [&str; 2] = ["from_wl", "to_wl"];
 
+/// What one conntrack garbage-collection pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CtGc {
+    pub scanned: usize,
+    pub deleted: usize,
+    pub live: usize,
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of the program's `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
 /// What [`BpfMaps::load`] took over from a previous run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LinkRestore {
@@ -146,6 +161,7 @@ pub struct BpfMaps {
     steps: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; STEP_SIZE]>,
     blocks: HashMap<MapData, [u8; 4], [u8; BLOCK_SIZE]>,
     sets: LpmTrie<MapData, [u8; IPSET_DATA_SIZE], u32>,
+    ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VAL_SIZE]>,
     attached: BTreeMap<String, Attached>,
     pin_dir: PathBuf,
     restored: Option<Restored>,
@@ -223,6 +239,8 @@ impl BpfMaps {
             HashMap::try_from(take(&mut ebpf, "mgy_blocks")?).map_err(bad("mgy_blocks"))?;
         let sets: LpmTrie<MapData, [u8; IPSET_DATA_SIZE], u32> =
             LpmTrie::try_from(take(&mut ebpf, "mgy_ipsets")?).map_err(bad("mgy_ipsets"))?;
+        let ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VAL_SIZE]> =
+            HashMap::try_from(take(&mut ebpf, "mgy_ct")?).map_err(bad("mgy_ct"))?;
         // What the previous run wrote; the maps' sizes bound it.
         let mut restored = Restored::default();
         for (k, v) in eps.iter().filter_map(Result::ok) {
@@ -255,6 +273,7 @@ impl BpfMaps {
             steps,
             blocks,
             sets,
+            ct,
             attached: BTreeMap::new(),
             pin_dir: pin_dir.to_path_buf(),
             restored: Some(restored),
@@ -263,6 +282,40 @@ impl BpfMaps {
         };
         maps.adopt_links(replace_programs);
         Ok(maps)
+    }
+
+    /// Deletes the conntrack entries that are expired at `now_ns` (CLOCK_MONOTONIC, the
+    /// program's clock; None: now): closed TCP flows 30 s after both FINs, reset ones after
+    /// 40 s, idle ones after their state's timeout ([`ct_timeout`]). One pass reads every
+    /// entry once (the map's size bounds the work) and deletes what it found expired.
+    pub fn ct_gc(&mut self, now_ns: Option<u64>) -> CtGc {
+        let now = now_ns.unwrap_or_else(monotonic_ns);
+        let mut out = CtGc::default();
+        let mut expired = Vec::new();
+        for (k, v) in self.ct.iter().filter_map(Result::ok) {
+            out.scanned += 1;
+            if CtVal::decode(&v).expired(now) {
+                expired.push(k);
+            }
+        }
+        for k in expired {
+            // An entry the program refreshed meanwhile is deleted too: its flow is judged
+            // again (and recorded again) on its next packet, never let through unjudged.
+            if gone_ok(self.ct.remove(&k)).is_ok() {
+                out.deleted += 1;
+            }
+        }
+        out.live = out.scanned - out.deleted;
+        out
+    }
+
+    /// Every conntrack entry (bounded by the map's size).
+    pub fn ct_entries(&self) -> Vec<(CtKey, CtVal)> {
+        self.ct
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (CtKey::decode(&k), CtVal::decode(&v)))
+            .collect()
     }
 
     /// What the maps held at load, once (for [`crate::sync::Syncer::adopt`]).

@@ -363,3 +363,139 @@ fn the_largest_policy_loads_passes_the_verifier_and_is_evaluated_to_the_end() {
         assert!(!tcp(&t, 0, 1, 81), "no rule allows");
     });
 }
+
+/// TCP states and the garbage collector: many short connections (the server closes first,
+/// so the client's ports are free again at once) leave entries with both FINs seen, which
+/// a pass at "now + 31 s" deletes, while an established connection's entry stays and the
+/// connection keeps working; a new connection always gets through.
+#[test]
+fn conntrack_tracks_tcp_state_and_gc_deletes_closed_flows_only() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    // More than the client has even ephemeral ports for one destination (connect() takes
+    // those first): ports get reused, so a SYN meets a closed flow's entry and must be
+    // judged and recorded afresh.
+    const SHORT: usize = 15_000;
+    let fs = PrivateBpffs::new();
+    let t = topo("bpfct");
+    let mut k = in_ns(&t.node, || {
+        let mut k = BpfMaps::load(&fs.path().join("nodea")).unwrap();
+        // b accepts tcp/82 only.
+        program(&mut k, "calib0", 10, [allow_all(), allow_tcp_port(82)]);
+        k
+    });
+    // A server in b: echoes one byte on the first connection (kept open), closes every
+    // other at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = {
+        let stop = stop.clone();
+        let path = format!("/run/netns/{}", t.pods[1].0.name());
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(&path).unwrap();
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let l = TcpListener::bind("10.66.0.2:82").unwrap();
+            l.set_nonblocking(true).unwrap();
+            let mut kept: Option<TcpStream> = None;
+            let end = Instant::now() + Duration::from_secs(120);
+            while !stop.load(Ordering::SeqCst) && Instant::now() < end {
+                match l.accept() {
+                    Ok((c, _)) if kept.is_none() => kept = Some(c),
+                    Ok((c, _)) => drop(c),
+                    Err(_) => std::thread::sleep(Duration::from_micros(200)),
+                }
+                if let Some(c) = &mut kept {
+                    c.set_nonblocking(true).unwrap();
+                    let mut b = [0u8; 1];
+                    if let Ok(1) = c.read(&mut b) {
+                        let _ = c.write_all(&b);
+                    }
+                }
+            }
+        })
+    };
+    struct Stop(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+            if let Some(h) = self.1.take() {
+                let _ = h.join();
+            }
+        }
+    }
+    let _server = Stop(stop, Some(server));
+    let addr: SocketAddr = "10.66.0.2:82".parse().unwrap();
+    let a = t.pods[0].0.name().to_string();
+    let (mut kept, short_secs) = in_ns(&t.pods[0].0, move || {
+        let _ = a;
+        let mut kept = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+        kept.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        kept.write_all(b"x").unwrap();
+        let mut b = [0u8; 1];
+        kept.read_exact(&mut b).unwrap();
+        let started = Instant::now();
+        for i in 0..SHORT {
+            let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("short connection {i} failed: {e}"));
+            // Wait for the server's FIN, then close: both FINs pass the programs.
+            c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let _ = c.read(&mut b);
+        }
+        (kept, started.elapsed().as_secs_f64())
+    });
+    // Let the last FIN/ACKs pass.
+    std::thread::sleep(Duration::from_millis(200));
+    let entries = k.ct_entries();
+    let tcp82: Vec<_> = entries.iter().filter(|(key, _)| key.dport == 82).collect();
+    let closed = tcp82
+        .iter()
+        .filter(|(_, v)| v.flags & (CT_FIN_FWD | CT_FIN_REV) == CT_FIN_FWD | CT_FIN_REV)
+        .count();
+    let established = tcp82
+        .iter()
+        .filter(|(_, v)| v.flags == CT_REPLY_SEEN)
+        .count();
+    eprintln!(
+        "{SHORT} short connections in {short_secs:.1} s; {} entries for tcp/82: {closed} closed, {established} established",
+        tcp82.len()
+    );
+    assert_eq!(established, 1, "the kept connection");
+    assert_eq!(
+        closed + 1,
+        tcp82.len(),
+        "every short flow's entry saw both FINs"
+    );
+    assert!(
+        tcp82.len() > 5_000,
+        "one entry per client port: {}",
+        tcp82.len()
+    );
+    // Now: nothing has expired yet.
+    let now = margay_bpf::loader::monotonic_ns();
+    assert_eq!(k.ct_gc(Some(now)).deleted, 0);
+    // 31 s later the closed flows have expired, the established one has not.
+    let gc = k.ct_gc(Some(now + 31_000_000_000));
+    eprintln!("gc: {gc:?}");
+    assert!(gc.deleted >= closed, "{gc:?}");
+    let left: Vec<_> = k
+        .ct_entries()
+        .into_iter()
+        .filter(|(key, _)| key.dport == 82)
+        .collect();
+    assert_eq!(left.len(), 1, "only the established flow is left: {left:?}");
+    // The established connection still works, and so does a new one.
+    kept.write_all(b"y").unwrap();
+    let mut b = [0u8; 1];
+    kept.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"y");
+    in_ns(&t.pods[0].0, || {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("a new connection");
+    });
+    in_ns(&t.node, || k.remove_all());
+}

@@ -14,14 +14,15 @@
 //! write changes only what differs, then sweeps programs no endpoint claims any more.
 //!
 //! DefaultEndpointToHostAction and natOutgoing stay in a small nftables table
-//! ([`crate::bpf_host_nft`]). Not in this milestone (see crates/bpf/DESIGN.md): host
-//! endpoints, IPv6, conntrack garbage collection (the LRU map evicts), per-rule counters.
+//! ([`crate::bpf_host_nft`]). Housekeeping runs the conntrack garbage collector every
+//! [`CT_GC_INTERVAL`]. Not in this milestone (see crates/bpf/DESIGN.md): host endpoints,
+//! IPv6, per-rule counters.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use margay_bpf::compile::CompileConfig;
-use margay_bpf::loader::{BpfMaps, LinkRestore, LoadError, ensure_bpffs};
+use margay_bpf::loader::{BpfMaps, CtGc, LinkRestore, LoadError, ensure_bpffs};
 use margay_bpf::sync::{AdoptReport, SyncReport, Syncer};
 use margay_calc::Message;
 
@@ -30,6 +31,30 @@ use crate::linux::interfaces::{InterfaceConfig, WorkloadInterfaces};
 use crate::linux::routing::{Routing, RoutingConfig};
 use crate::linux::sysctl::{ProcSys, Sysctl};
 use crate::{DataplaneDriver, DataplaneError, EndpointStatus, Recording, StatusUpdate};
+
+/// How often housekeeping sweeps conntrack (Calico's BPF scanner: every 10 s).
+pub const CT_GC_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The eBPF driver's state, for `felix status` and logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BpfStatus {
+    pub pin_dir: PathBuf,
+    /// Interfaces with programs attached.
+    pub interfaces_attached: usize,
+    /// Workload endpoints with an entry.
+    pub endpoints: usize,
+    /// Rule blocks stored, and their rules.
+    pub blocks: usize,
+    pub rules: usize,
+    pub set_entries: usize,
+    /// The last conntrack sweep (entries scanned, deleted, left).
+    pub conntrack: CtGc,
+    /// What the start took over from the previous run: endpoints, interfaces, programs
+    /// replaced.
+    pub restored_endpoints: usize,
+    pub restored_interfaces: usize,
+    pub programs_replaced: usize,
+}
 
 #[derive(Debug, Clone)]
 pub struct BpfDriverConfig {
@@ -69,6 +94,8 @@ pub struct BpfDriver {
     workload_prefixes: Vec<String>,
     last_report: SyncReport,
     restore: (AdoptReport, LinkRestore),
+    last_ct_gc: Instant,
+    ct: CtGc,
 }
 
 impl BpfDriver {
@@ -117,6 +144,8 @@ impl BpfDriver {
                 workload_prefixes: cfg.workload_prefixes,
                 last_report: SyncReport::default(),
                 restore: (adopted, links),
+                last_ct_gc: Instant::now(),
+                ct: CtGc::default(),
             },
             state,
         ))
@@ -125,6 +154,33 @@ impl BpfDriver {
     /// What the start took over from a previous run (map contents, pinned links).
     pub fn restore_report(&self) -> &(AdoptReport, LinkRestore) {
         &self.restore
+    }
+
+    /// The driver's state (cheap: no map is read).
+    pub fn status(&self) -> BpfStatus {
+        let (blocks, rules) = self.syncer.num_blocks();
+        BpfStatus {
+            pin_dir: self.maps.pin_dir().to_path_buf(),
+            interfaces_attached: self.maps.attached().count(),
+            endpoints: self.syncer.endpoints().count(),
+            blocks,
+            rules,
+            set_entries: self.syncer.num_set_entries(),
+            conntrack: self.ct,
+            restored_endpoints: self.restore.0.endpoints,
+            restored_interfaces: self.restore.1.interfaces,
+            programs_replaced: self.restore.1.programs_replaced,
+        }
+    }
+
+    /// Runs one conntrack sweep now (housekeeping does every [`CT_GC_INTERVAL`]).
+    pub fn ct_gc(&mut self) -> CtGc {
+        self.last_ct_gc = Instant::now();
+        self.ct = self.maps.ct_gc(None);
+        if self.ct.deleted > 0 {
+            tracing::debug!(gc = ?self.ct, "eBPF conntrack sweep");
+        }
+        self.ct
     }
 
     /// What the last successful write did.
@@ -330,6 +386,9 @@ impl DataplaneDriver for BpfDriver {
             self.guard_unknown()?;
         }
         let now = Instant::now();
+        if now.duration_since(self.last_ct_gc) >= CT_GC_INTERVAL {
+            self.ct_gc();
+        }
         let refresh = !self.route_refresh_interval.is_zero()
             && now.duration_since(self.last_route_refresh) >= self.route_refresh_interval;
         if refresh {

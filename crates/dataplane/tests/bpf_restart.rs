@@ -299,6 +299,16 @@ fn a_restart_under_probing_drops_no_allowed_flow_admits_no_denied_one_and_keeps_
     assert_eq!(through, 0, "a denied probe got through during the restart");
     assert!(ok >= 20 && refused >= 5, "the probes ran: {ok} / {refused}");
 
+    // The driver's status, and a conntrack sweep: the established flow's entry stays.
+    let mut d2 = d2;
+    let st = d2.status();
+    assert_eq!(
+        (st.interfaces_attached, st.endpoints, st.restored_interfaces),
+        (3, 3, 3),
+        "{st:?}"
+    );
+    let gc = d2.ct_gc();
+    assert!(gc.live >= 1, "{gc:?}");
     // The connection established before the restart still carries data.
     in_ns(&client, move || {
         let mut s = established;
