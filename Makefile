@@ -23,6 +23,7 @@ lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	cargo machete
+	cargo deny --log-level error check licenses bans sources
 
 test: lint
 	$(CARGO) test --workspace --no-fail-fast

@@ -56,11 +56,13 @@ macro_rules! resources {
             $(#[$doc])*
             #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
             #[serde(rename_all = "camelCase", deny_unknown_fields)]
+            // `kind` before `apiVersion`: Go's TypeMeta order, so JSON written from these
+            // (calicoctl's `-o json`, stored values) has Calico's key order.
             pub struct $name {
                 #[serde(default)]
-                pub api_version: String,
-                #[serde(default)]
                 pub kind: String,
+                #[serde(default)]
+                pub api_version: String,
                 #[serde(default)]
                 pub metadata: ObjectMeta,
                 #[serde(default)]

@@ -233,7 +233,26 @@ pub(crate) async fn run<C: Connector>(
                 )?;
             }
         }
-        Output::Yaml | Output::Json => {
+        Output::Json => {
+            // calicoctl's `json.MarshalIndent` of the Go types: keys in struct order (kind,
+            // apiVersion, metadata, spec / items), no newline at the end.
+            let text = if !listing && resources.len() == 1 {
+                Some(to_json(&resources[0], true).map_err(|e| e.to_string()))
+            } else if listing || resources.len() > 1 {
+                Some(
+                    to_json(&GoList::new(kind, &resources, revision), true)
+                        .map_err(|e| e.to_string()),
+                )
+            } else {
+                None
+            };
+            match text {
+                Some(Ok(t)) => write!(out, "{t}")?,
+                Some(Err(e)) => problems.push(format!("cannot encode the output: {e}")),
+                None => {}
+            }
+        }
+        Output::Yaml => {
             let value = if !listing && resources.len() == 1 {
                 serde_json::to_value(&resources[0])
             } else if listing || resources.len() > 1 {
@@ -243,12 +262,7 @@ pub(crate) async fn run<C: Connector>(
             };
             let text = match value {
                 Ok(Value::Null) => None,
-                Ok(v) if output == Output::Yaml => Some(to_yaml(&v).map_err(|e| e.to_string())),
-                Ok(v) => Some(
-                    to_json(&v, true)
-                        .map(|s| s + "\n")
-                        .map_err(|e| e.to_string()),
-                ),
+                Ok(v) => Some(to_yaml(&v).map_err(|e| e.to_string())),
                 Err(e) => Some(Err(e.to_string())),
             };
             match text {
@@ -381,7 +395,24 @@ async fn run_files<C: Connector>(
         }
         return Ok(code);
     }
-    // Several results: one sequence of them.
+    // Several results: one sequence of them. JSON is joined as written (keeping calicoctl's
+    // key order): an array of the documents, indented as `MarshalIndent` indents it.
+    if parse_output(&a.output) == Ok(Output::Json) {
+        let items: Vec<String> = results
+            .iter()
+            .filter(|r| !r.is_empty())
+            .map(|r| {
+                String::from_utf8_lossy(r)
+                    .trim_end()
+                    .lines()
+                    .map(|l| format!("  {l}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .collect();
+        write!(out, "[\n{}\n]", items.join(",\n"))?;
+        return Ok(code);
+    }
     let mut values = Vec::new();
     for r in &results {
         if r.is_empty() {
@@ -443,6 +474,35 @@ fn list_value(
         "items": items,
         "metadata": metadata,
     }))
+}
+
+/// calicoctl's list object as Go marshals it: `kind`, `apiVersion`, `metadata`, `items`.
+#[derive(serde::Serialize)]
+struct GoList<'a> {
+    kind: &'static str,
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    metadata: GoListMeta,
+    items: &'a [Resource],
+}
+
+#[derive(serde::Serialize)]
+struct GoListMeta {
+    #[serde(rename = "resourceVersion", skip_serializing_if = "Option::is_none")]
+    resource_version: Option<String>,
+}
+
+impl<'a> GoList<'a> {
+    fn new(kind: Kind, items: &'a [Resource], revision: Option<i64>) -> Self {
+        GoList {
+            kind: kind.list_name(),
+            api_version: API_VERSION,
+            metadata: GoListMeta {
+                resource_version: revision.map(|r| r.to_string()),
+            },
+            items,
+        }
+    }
 }
 
 /// `--export`: drop what ties the resource to this cluster.

@@ -54,6 +54,32 @@ pub enum IpamCommand {
   margay ctl ipam configure --strictaffinity=true
   margay ctl ipam configure --max-blocks-per-host=4")]
     Configure(ConfigureArgs),
+    /// Replace an IP pool by NUMBER (a power of 2) equal pools covering the same addresses,
+    /// so that parts of it can get their own settings.
+    ///
+    /// The datastore must be locked (`datastore migrate lock`) so that nothing is assigned
+    /// meanwhile. The old pool is disabled, the new pools `split-<old>-<i>` are created with
+    /// its settings, then it is deleted; allocated addresses, blocks and affinities stay as
+    /// they are. Everything is checked before anything changes.
+    #[command(after_help = "Examples:
+  margay ctl datastore migrate lock
+  margay ctl ipam split --cidr=172.0.0.0/8 2
+  margay ctl ipam split --name=default-ipv4-ippool 4
+  margay ctl datastore migrate unlock")]
+    Split(SplitArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SplitArgs {
+    /// How many pools to make (a power of 2, at least 2).
+    #[arg(value_name = "NUMBER")]
+    pub number: String,
+    /// The pool to split, by its exact `spec.cidr`.
+    #[arg(long, value_name = "CIDR")]
+    pub cidr: Option<String>,
+    /// The pool to split, by name (takes precedence over --cidr).
+    #[arg(long, value_name = "POOL_NAME")]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -288,6 +314,17 @@ where
             None => Ok(EXIT_USAGE),
         },
         IpamCommand::Configure(a) => configure(&ipam, &conn.client, a, out, err).await,
+        IpamCommand::Split(a) => {
+            crate::ipam_split::split(
+                &conn.client,
+                &a.number,
+                a.cidr.as_deref(),
+                a.name.as_deref(),
+                out,
+                err,
+            )
+            .await
+        }
     }
 }
 

@@ -19,6 +19,7 @@ mod get_cmd;
 mod input;
 mod ipam_cmd;
 mod ipam_report;
+mod ipam_split;
 mod kinds;
 mod label_cmd;
 mod migrate_cmd;

@@ -298,8 +298,6 @@ impl Config {
         let behaves_as = match id {
             // No status reports to the datastore: as if reporting were off.
             ParamId::ReportingIntervalSecs => "0s".to_string(),
-            // Logs go to stderr only: as if file logging were off.
-            ParamId::LogFilePath => String::new(),
             _ => Config::defaults().get(id).to_string(),
         };
         ActedOn::No { behaves_as }

@@ -547,9 +547,9 @@ params! {
         "Rate limit of Log rules, N/second|minute|hour|day (empty: unlimited).";
     LogActionRateLimitBurst log_action_rate_limit_burst: i64 = "int(0,9999)", "5", [], Logging, "logActionRateLimitBurst", true,
         "Burst allowed by LogActionRateLimit.";
-    LogFilePath log_file_path: String = "file", "/var/log/calico/felix.log", [DieOnFail], Logging, "logFilePath", false,
+    LogFilePath log_file_path: String = "file", "/var/log/calico/felix.log", [DieOnFail], Logging, "logFilePath", true,
         "Log file path (none: no log file).";
-    LogSeverityFile log_severity_file: String = "oneof(TRACE,DEBUG,INFO,WARNING,ERROR,FATAL)", "INFO", [], Logging, "logSeverityFile", false,
+    LogSeverityFile log_severity_file: String = "oneof(TRACE,DEBUG,INFO,WARNING,ERROR,FATAL)", "INFO", [], Logging, "logSeverityFile", true,
         "Minimum severity written to the log file.";
     LogSeverityScreen log_severity_screen: String = "oneof(TRACE,DEBUG,INFO,WARNING,ERROR,FATAL)", "INFO", [], Logging, "logSeverityScreen", true,
         "Minimum severity written to stdout/stderr.";

@@ -244,6 +244,7 @@ fn main() {
             kernel_hostname: None,
             log_level: None,
             syslog_level: None,
+            log_file: None,
             restart_delay: Duration::ZERO,
             handle_signals: false,
         };

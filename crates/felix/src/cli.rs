@@ -119,6 +119,7 @@ fn run_daemon(args: RunArgs, logs: LogSetters, err: &mut dyn Write) -> u8 {
     let mut opts = DaemonOptions::from_process(args.config_file, socket);
     opts.log_level = logs.screen;
     opts.syslog_level = logs.syslog;
+    opts.log_file = logs.file;
     let exit = Daemon::new(opts).run();
     if let crate::daemon::Exit::Failed(msg) = &exit {
         let _ = writeln!(err, "margay felix: {msg}");
@@ -150,6 +151,29 @@ fn run_status(args: StatusArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 
             return 2;
         }
     };
+    // Still starting: say what it waits for (exit 1: not running yet).
+    if value.get("starting").and_then(|v| v.as_bool()) == Some(true) {
+        if args.json {
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&value).unwrap_or_default()
+            );
+        } else {
+            match serde_json::from_value::<crate::status::StartingDoc>(value) {
+                Ok(doc) => {
+                    let _ = write!(out, "{}", crate::status::render_starting(&doc));
+                }
+                Err(e) => {
+                    let _ = writeln!(
+                        err,
+                        "margay felix status: unexpected answer ({e}); try --json"
+                    );
+                }
+            }
+        }
+        return 1;
+    }
     if let Some(msg) = value.get("error").and_then(|e| e.as_str()) {
         let _ = writeln!(err, "margay felix status: felix answered: {msg}");
         return 1;

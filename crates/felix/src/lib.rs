@@ -54,18 +54,8 @@ pub struct LogSetters {
     /// LogSeveritySys: `off` disconnects; any other level connects to the local syslog
     /// socket, failing when there is none.
     pub syslog: Option<LogLevelSetter>,
+    /// LogFilePath + LogSeverityFile (None: `--log-file` fixed the file).
+    pub file: Option<margay_logging::FileSetter>,
 }
 
-/// Calico's log severity names (logrus: Panic, Fatal, Error, Warning, Info, Debug, Trace, any
-/// case) as a tracing level; None for names it does not know.
-pub fn calico_level(value: &str) -> Option<&'static str> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "panic" | "fatal" | "error" => Some("error"),
-        "warning" | "warn" => Some("warn"),
-        "info" => Some("info"),
-        "debug" => Some("debug"),
-        "trace" => Some("trace"),
-        "none" => Some("off"),
-        _ => None,
-    }
-}
+pub use margay_logging::calico_level;

@@ -98,6 +98,42 @@ pub struct BootstrapView {
     pub ready_after_seconds: Option<f64>,
 }
 
+/// The answer while Felix is still starting (before its pipeline runs): what it waits for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartingDoc {
+    pub starting: bool,
+    pub pid: u32,
+    pub version: String,
+    pub uptime_seconds: f64,
+    /// What start-up waits for now: configuration, the datastore (and why it is not there
+    /// yet), its initialisation, Typha, …
+    pub waiting_for: String,
+    pub waiting_seconds: f64,
+    /// The start-up phases done so far.
+    pub phases: Vec<PhaseTiming>,
+    /// The one-line summary (also what older clients print as the error).
+    pub error: String,
+}
+
+/// The human form of a [`StartingDoc`].
+pub fn render_starting(doc: &StartingDoc) -> String {
+    let mut out = format!(
+        "Felix is starting (pid {}, version {}, up {:.1}s)\nwaiting for: {} (for {:.1}s)\n",
+        doc.pid, doc.version, doc.uptime_seconds, doc.waiting_for, doc.waiting_seconds
+    );
+    if doc.phases.is_empty() {
+        out.push_str("phases done: none yet\n");
+    } else {
+        let done: Vec<String> = doc
+            .phases
+            .iter()
+            .map(|p| format!("{} {:.3}s", p.phase, p.seconds))
+            .collect();
+        out.push_str(&format!("phases done: {}\n", done.join(", ")));
+    }
+    out
+}
+
 /// Everything `status` answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusDoc {

@@ -4,9 +4,8 @@
 
 mod bpf_cmd;
 mod docs;
-mod syslog;
 
-use std::io::{self, IsTerminal, Write};
+use std::io::{self, Write};
 use std::path::Path;
 use std::process::ExitCode;
 
@@ -37,6 +36,20 @@ struct Cli {
     /// to the role's own setting (calico-node's CALICO_STARTUP_LOGLEVEL for `node`), else warn.
     #[arg(long, global = true, value_name = "LEVEL", env = "MARGAY_LOG_LEVEL")]
     log_level: Option<String>,
+
+    /// Layout of log lines: `text` (the default), `calico` (Calico's
+    /// `2026-11-25 06:40:00.123 [INFO][pid] file.rs 12: message key="value"`, for parsers written
+    /// for Calico's logs) or `json` (one object per line: time, level, msg, file, line, fields).
+    /// Applies to the screen and the log file. Times are UTC.
+    #[arg(long, global = true, value_name = "FORMAT", env = "MARGAY_LOG_FORMAT")]
+    log_format: Option<String>,
+
+    /// Also write the log to this file, at the screen's level, rotated by size
+    /// (MARGAY_LOG_FILE_MAX_BYTES, default 10000000; MARGAY_LOG_FILE_KEEP old files, default
+    /// 5) and reopened if logrotate moves it. For Felix and Typha it replaces their own
+    /// LogFilePath / LogSeverityFile settings.
+    #[arg(long, global = true, value_name = "PATH", env = "MARGAY_LOG_FILE")]
+    log_file: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     role: Role,
@@ -128,8 +141,27 @@ fn main() -> ExitCode {
         other => other,
     };
     let explicit_level = cli.log_level.is_some();
-    let given_level = match cli.log_level.as_deref().map(log_filter).transpose() {
+    let given_level = match cli
+        .log_level
+        .as_deref()
+        .map(margay_logging::log_filter)
+        .transpose()
+    {
         Ok(level) => level,
+        Err(e) => {
+            eprintln!("margay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let format: margay_logging::Format = match cli.log_format.as_deref().unwrap_or("").parse() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("margay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rotation = match margay_logging::Rotation::from_env() {
+        Ok(r) => r,
         Err(e) => {
             eprintln!("margay: {e}");
             return ExitCode::from(2);
@@ -160,7 +192,18 @@ fn main() -> ExitCode {
         | Role::KubeControllers(_)
         | Role::Bpf(_) => "warn".to_string(),
     });
-    let (set_level, set_syslog) = init_logging(&level);
+    let logs = match margay_logging::install(margay_logging::Settings {
+        screen_level: level,
+        format,
+        file: cli.log_file.clone(),
+        rotation,
+    }) {
+        Ok(handles) => handles,
+        Err(e) => {
+            eprintln!("margay: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let code = match cli.role {
         Role::Ctl(ctl) => margay_ctl::run(
             ctl,
@@ -176,8 +219,9 @@ fn main() -> ExitCode {
         Role::Felix(felix) => margay_felix::cli::run_felix(
             felix,
             margay_felix::LogSetters {
-                screen: (!explicit_level).then_some(set_level),
-                syslog: Some(set_syslog),
+                screen: (!explicit_level).then_some(logs.screen),
+                syslog: Some(logs.syslog),
+                file: logs.file,
             },
             &mut io::stdout(),
             &mut io::stderr(),
@@ -186,7 +230,7 @@ fn main() -> ExitCode {
             margay_cni::cli::run_cni(cni, &mut io::stdout().lock(), &mut io::stderr().lock())
         }
         Role::Lab(lab) => margay_lab::run(lab, &mut io::stdout(), &mut io::stderr()),
-        Role::Typha(typha) => margay_typha::cli::run_typha(typha, &mut io::stdout()),
+        Role::Typha(typha) => margay_typha::cli::run_typha(typha, logs.file, &mut io::stdout()),
         Role::Confd(confd) => margay_confd::cli::run_confd(confd, &mut io::stderr()),
         Role::Bpf(b) => bpf_cmd::run(b, &mut io::stdout().lock(), &mut io::stderr().lock()),
         // The running configuration's log level applies unless --log-level fixed it.
@@ -211,7 +255,7 @@ fn main() -> ExitCode {
         },
         Role::KubeControllers(k) => margay_kube_controllers::cli::run_kube_controllers(
             k,
-            (!explicit_level).then_some(set_level),
+            (!explicit_level).then_some(logs.screen),
             &mut io::stdout(),
             &mut io::stderr(),
         ),
@@ -220,44 +264,14 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-/// The `--log-level` / MARGAY_LOG_LEVEL value as a tracing filter: a level name Calico accepts
-/// (panic, fatal, error, warning or warn, info, debug, trace, any case; none or off), or a
-/// tracing filter with per-module directives (`info,margay_felix=debug`). Anything else is
-/// refused: a misspelt level must not silently turn logging off.
-fn log_filter(value: &str) -> Result<String, String> {
-    let v = value.trim();
-    if v.contains('=') {
-        return tracing_subscriber::EnvFilter::try_new(v)
-            .map(|_| v.to_string())
-            .map_err(|e| format!("invalid --log-level filter {v:?}: {e}"));
-    }
-    match v.to_ascii_lowercase().as_str() {
-        "panic" | "fatal" | "error" => Ok("error".into()),
-        "warning" | "warn" => Ok("warn".into()),
-        "info" => Ok("info".into()),
-        "debug" => Ok("debug".into()),
-        "trace" => Ok("trace".into()),
-        "none" | "off" => Ok("off".into()),
-        _ => Err(format!(
-            "invalid --log-level (or MARGAY_LOG_LEVEL) {:?}: use one of panic, fatal, error, \
-             warning, info, debug, trace or none, or a filter such as info,margay_felix=debug",
-            v.chars().take(64).collect::<String>()
-        )),
-    }
-}
-
-/// Calico's log level names (logrus: Panic, Fatal, Error, Warning, Info, Debug, Trace, any
-/// case) as a tracing filter.
+/// A Calico level name from the environment as a tracing filter, `default` when unset or
+/// not a level.
 fn calico_level(value: Option<String>, default: &str) -> String {
-    match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
-        Some("panic" | "fatal" | "error") => "error".into(),
-        Some("warning" | "warn") => "warn".into(),
-        Some("info") => "info".into(),
-        Some("debug") => "debug".into(),
-        Some("trace") => "trace".into(),
-        Some("none") => "off".into(),
-        _ => default.into(),
-    }
+    value
+        .as_deref()
+        .and_then(margay_logging::calico_level)
+        .unwrap_or(default)
+        .to_string()
 }
 
 fn felix_runs_daemon(f: &margay_felix::cli::FelixArgs) -> bool {
@@ -265,87 +279,4 @@ fn felix_runs_daemon(f: &margay_felix::cli::FelixArgs) -> bool {
         f.command,
         None | Some(margay_felix::cli::FelixCommand::Run(_))
     )
-}
-
-/// Installs the logging: stderr at `level`, and a syslog destination that stays off until
-/// a level is set (Felix's LogSeveritySys). Returns a way to change each level later.
-fn init_logging(level: &str) -> (margay_felix::LogLevelSetter, margay_felix::LogLevelSetter) {
-    use std::sync::Arc;
-
-    use tracing_subscriber::filter::LevelFilter;
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::{Layer, reload};
-
-    let filter = tracing_subscriber::EnvFilter::try_new(level).unwrap_or_else(|e| {
-        eprintln!("warning: invalid --log-level {level:?} ({e}); using warn");
-        tracing_subscriber::EnvFilter::new("warn")
-    });
-    let (screen_filter, screen) = reload::Layer::new(filter);
-    let screen_layer = tracing_subscriber::fmt::layer()
-        .with_writer(io::stderr)
-        // Colours only for people: logs going to a file or a journal stay plain text.
-        .with_ansi(io::stderr().is_terminal())
-        .with_target(false)
-        .with_filter(screen_filter);
-    let sys = Arc::new(syslog::SyslogLayer::default());
-    let (sys_filter, sys_level) = reload::Layer::new(LevelFilter::OFF);
-    let sys_layer = syslog::Shared(sys.clone()).with_filter(sys_filter);
-    tracing_subscriber::registry()
-        .with(screen_layer)
-        .with(sys_layer)
-        .init();
-    let set_screen: margay_felix::LogLevelSetter = Arc::new(move |level: &str| {
-        let filter = tracing_subscriber::EnvFilter::try_new(level).map_err(|e| e.to_string())?;
-        screen.reload(filter).map_err(|e| e.to_string())
-    });
-    let set_syslog: margay_felix::LogLevelSetter = Arc::new(move |level: &str| {
-        let filter: LevelFilter = level.parse().map_err(|e| format!("{e}"))?;
-        if filter == LevelFilter::OFF {
-            sys.disconnect();
-        } else {
-            sys.connect()?;
-        }
-        sys_level.reload(filter).map_err(|e| e.to_string())
-    });
-    (set_screen, set_syslog)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::log_filter;
-
-    #[test]
-    fn calico_level_names_are_accepted_in_any_case() {
-        for (given, filter) in [
-            ("warning", "warn"),
-            ("Warning", "warn"),
-            ("WARN", "warn"),
-            ("fatal", "error"),
-            ("Panic", "error"),
-            ("error", "error"),
-            ("Info", "info"),
-            ("debug", "debug"),
-            ("TRACE", "trace"),
-            ("none", "off"),
-            (" info ", "info"),
-        ] {
-            assert_eq!(log_filter(given).as_deref(), Ok(filter), "{given}");
-        }
-    }
-
-    #[test]
-    fn directives_pass_through_and_unknown_names_are_refused() {
-        assert_eq!(
-            log_filter("info,margay_felix=debug").as_deref(),
-            Ok("info,margay_felix=debug")
-        );
-        for bad in ["warnings", "verbose", "", "inf0"] {
-            let e = log_filter(bad).expect_err(bad);
-            assert!(e.contains("warning, info"), "{e}");
-        }
-        // Echoes at most 64 characters of what it was given.
-        let e = log_filter(&"x".repeat(10_000)).expect_err("long");
-        assert!(e.len() < 400, "{}", e.len());
-    }
 }

@@ -160,6 +160,7 @@ impl Felix {
             .env("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1")
             .env("FELIX_PROMETHEUSMETRICSPORT", metrics_port.to_string())
             // The machine's own syslog is none of the test's business.
+            .env("FELIX_LOGFILEPATH", "none")
             .env("FELIX_LOGSEVERITYSYS", "none");
         for (k, v) in extra_env {
             c.env(k, v);
@@ -462,9 +463,13 @@ fn felix_syncs_through_typha_without_datastore_access() {
     seed(&store, dir.path());
     let port = margay_testkit::free_port().unwrap();
     let typha_log = dir.path().join("typha.log");
+    // Typha's own log file (LogFilePath), as JSON lines for a log shipper.
+    let typha_file = dir.path().join("log/typha.json");
     let mut c = margay(&store);
     c.args(["typha", "run", "-c"])
         .arg(dir.path().join("typha.cfg"))
+        .env("TYPHA_LOGFILEPATH", &typha_file)
+        .env("MARGAY_LOG_FORMAT", "json")
         .env("TYPHA_SERVERHOST", "127.0.0.1")
         .env("TYPHA_SERVERPORT", port.to_string())
         .env("TYPHA_HEALTHENABLED", "false")
@@ -484,6 +489,21 @@ fn felix_syncs_through_typha_without_datastore_access() {
         typha.log()
     );
     assert!(!dir.path().join("not-there").exists());
+    let text = std::fs::read_to_string(&typha_file).unwrap();
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        records
+            .iter()
+            .all(|r| r["time"].is_string() && r["level"].is_string() && r["msg"].is_string()),
+        "{text}"
+    );
+    assert!(
+        records.iter().any(|r| r["msg"] == "Logging to file"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -546,6 +566,58 @@ metadata: {name: node1-k8s-spoofer-eth0, namespace: ns1}
 spec: {orchestrator: k8s, node: node1, pod: spoofer, endpoint: eth0, interfaceName: calispoof, ipNetworks: [10.65.0.9/32], allowSpoofedSourcePrefixes: [10.99.0.0/24]}
 ";
 
+/// The status socket answers from Felix's first second: while Felix waits for a datastore
+/// nobody has initialised, `margay felix status` says so (exit 1), and once `margay node
+/// startup` has run, it gives the full status.
+#[test]
+fn felix_status_says_what_start_up_waits_for() {
+    let dir = Node::new("felix").unwrap();
+    let store = Store::Local(dir.path().join("ds.db"));
+    let mut felix = Felix::start(&store, dir.path(), &[]);
+    let status = |args: &[&str]| {
+        let mut c = margay(&store);
+        c.args(["felix", "status", "--status-socket"])
+            .arg(&felix.socket)
+            .args(args);
+        c.output().unwrap()
+    };
+    let out =
+        margay_testkit::roles::wait_until("a starting answer", Duration::from_secs(20), || {
+            let out = status(&[]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            if text.contains("Felix is starting") {
+                Ok(out)
+            } else {
+                Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
+            }
+        });
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("waiting for: the datastore"), "{text}");
+    let json: Value = serde_json::from_slice(&status(&["--json"]).stdout).unwrap();
+    assert_eq!(json["starting"], true);
+    assert!(
+        json["waiting_for"].as_str().unwrap().contains("datastore"),
+        "{json}"
+    );
+    // Health answers as it does later.
+    let health: Value = serde_json::from_slice(&status(&["health"]).stdout).unwrap();
+    assert_eq!(health["live"], true, "{health}");
+
+    // Initialised: Felix starts, and the same socket gives the full status.
+    seed(&store, dir.path());
+    margay_testkit::roles::wait_until("the full status", Duration::from_secs(30), || {
+        let out = status(&["--json"]);
+        let st: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+        if out.status.success() && st["sync_status"] == "in-sync" {
+            Ok(())
+        } else {
+            Err(st.to_string())
+        }
+    });
+    felix.wait_ready(Duration::from_secs(30));
+}
+
 /// LogSeveritySys: Felix logs to the local syslog socket at that level, as Calico's Felix
 /// (facility user, tag calico-felix), and not at all with `none`.
 #[test]
@@ -598,6 +670,102 @@ fn felix_logs_to_syslog_at_log_severity_sys() {
     let got = datagrams(&sock, Duration::from_secs(1));
     drop(felix);
     assert!(got.is_empty(), "syslog got lines with none: {got:#?}");
+}
+
+/// LogFilePath + LogSeverityFile: Felix writes its log file at that level (the directory
+/// created), in the layout `--log-format`/MARGAY_LOG_FORMAT chose, rotated by size; a path that
+/// cannot be opened stops Felix with an error naming it (the parameter is die-on-fail).
+#[test]
+fn felix_writes_its_log_file_in_calicos_layout_and_rotates_it() {
+    let dir = Node::new("felix").unwrap();
+    let store = Store::Local(dir.path().join("ds.db"));
+    seed(&store, dir.path());
+    let file = dir.path().join("var/log/calico/felix.log");
+    let mut felix = Felix::start(
+        &store,
+        dir.path(),
+        &[
+            ("FELIX_LOGFILEPATH", file.to_str().unwrap()),
+            ("FELIX_LOGSEVERITYFILE", "Debug"),
+            ("MARGAY_LOG_FORMAT", "calico"),
+            ("MARGAY_LOG_FILE_MAX_BYTES", "4096"),
+            ("MARGAY_LOG_FILE_KEEP", "2"),
+        ],
+    );
+    felix.wait_ready(Duration::from_secs(30));
+    // Twenty endpoints failing Felix's checks make twenty warnings: enough to rotate 4 KiB.
+    let many: Vec<String> = (0..20)
+        .map(|i| SPOOFING_WEP.replace("spoofer", &format!("spoofer{i}")))
+        .collect();
+    apply(&store, dir.path(), "spoof.yaml", &many.join("---\n"));
+    let rotated = dir.path().join("var/log/calico/felix.log.1");
+    margay_testkit::roles::wait_until("the log file rotated", Duration::from_secs(20), || {
+        if rotated.exists() {
+            Ok(())
+        } else {
+            Err(format!("no {}", rotated.display()))
+        }
+    });
+    felix.terminate();
+    felix.role.wait_exit(Duration::from_secs(20));
+    let text =
+        std::fs::read_to_string(&file).unwrap() + &std::fs::read_to_string(&rotated).unwrap();
+    assert!(!dir.path().join("var/log/calico/felix.log.3").exists());
+    for f in [&file, &rotated] {
+        assert!(std::fs::metadata(f).unwrap().len() <= 4096);
+    }
+    // Calico's layout: `2026-11-25 06:40:00.123 [INFO][pid] file.rs 12: message k="v"`.
+    let calico_line = |l: &str| {
+        let b = l.as_bytes();
+        l.len() > 30
+            && b.get(4) == Some(&b'-')
+            && b.get(10) == Some(&b' ')
+            && b.get(19) == Some(&b'.')
+            && l[23..].starts_with(" [")
+            && l.contains("][")
+            && l.contains(".rs ")
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(!lines.is_empty());
+    assert!(
+        lines.iter().all(|l| calico_line(l)),
+        "not Calico's layout:\n{text}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("[WARNING][") && l.contains("spoofer19")),
+        "the last warning is not in the newest files:\n{text}"
+    );
+    // The screen (LogSeverityScreen Info) has the same layout, without the file's debug lines.
+    let screen = felix.log();
+    assert!(
+        screen
+            .lines()
+            .any(|l| calico_line(l) && l.contains("[INFO][")),
+        "{screen}"
+    );
+    assert!(
+        !screen.contains("[DEBUG]["),
+        "debug on the screen:\n{screen}"
+    );
+
+    // An unopenable path: Felix stops and says which parameter and path.
+    let blocker = dir.path().join("not-a-dir");
+    std::fs::write(&blocker, "").unwrap();
+    let bad = blocker.join("felix.log");
+    let mut felix = Felix::start(
+        &store,
+        dir.path(),
+        &[("FELIX_LOGFILEPATH", bad.to_str().unwrap())],
+    );
+    let status = felix.role.wait_exit(Duration::from_secs(30));
+    assert!(!status.success());
+    let log = felix.log();
+    assert!(
+        log.contains("LogFilePath") && log.contains("not-a-dir") && log.contains("none"),
+        "{log}"
+    );
 }
 
 /// One GET over TLS (with a client certificate when given); Err says how the TLS or HTTP

@@ -112,6 +112,7 @@ impl Env {
             .env("FELIX_HEALTHENABLED", "false")
             .env("FELIX_LOGSEVERITYSCREEN", "Info")
             // The machine's own syslog is none of the test's business.
+            .env("FELIX_LOGFILEPATH", "none")
             .env("FELIX_LOGSEVERITYSYS", "none")
             .env("MARGAY_DATAPLANE", "linux")
             .env("MARGAY_MTU_FILE", self.mtu_file())

@@ -106,15 +106,26 @@ fn registers_a_node_from_real_interfaces_and_is_idempotent() {
         "node-1"
     );
 
-    // Second run: nothing to change.
+    // Second run: nothing to change. Its log also goes to a file (MARGAY_LOG_FILE, any role),
+    // at the screen's level, in the text layout.
+    let log_file = h.dir.path().join("log/startup.log");
     let again = h.startup(
         "n1",
         &[
             ("NODENAME", "node-1"),
             ("IP_AUTODETECTION_METHOD", "interface=eth0"),
+            ("MARGAY_LOG_FILE", log_file.to_str().unwrap()),
         ],
     );
     assert!(again.status.success(), "{}", text(&again.stderr));
+    let logged = std::fs::read_to_string(&log_file).unwrap();
+    assert!(
+        !logged.is_empty()
+            && logged
+                .lines()
+                .all(|l| l.starts_with("20") && l.contains("Z  INFO ") || l.contains("Z  WARN ")),
+        "{logged}"
+    );
     assert!(
         text(&again.stdout).contains("node unchanged"),
         "{}",

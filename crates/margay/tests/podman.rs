@@ -327,6 +327,7 @@ fn podman_containers_on_a_margay_network() {
         .env("DATASTORE_TYPE", "local")
         .env("DATASTORE_PATH", w.path("ds.db"))
         .env("FELIX_FELIXHOSTNAME", NODE)
+        .env("FELIX_LOGFILEPATH", "none")
         .env("FELIX_LOGSEVERITYSYS", "none")
         .env("MARGAY_DATAPLANE", "linux")
         .env("MARGAY_MTU_FILE", w.path("mtu"))

@@ -86,6 +86,7 @@ fn start_typha(store: &Path, dir: &Path, port: u16) -> Role {
     let mut c = margay(store);
     c.args(["typha", "run", "-c"])
         .arg(dir.join("typha.cfg"))
+        .env("TYPHA_LOGFILEPATH", "none")
         .env("TYPHA_SERVERHOST", "127.0.0.1")
         .env("TYPHA_SERVERPORT", port.to_string());
     Role::spawn("typha", c, dir.join("typha.log"))
@@ -176,6 +177,7 @@ fn felix_finds_typha_through_its_endpoint_slices_and_syncs() {
         .arg(&socket)
         .env("FELIX_FELIXHOSTNAME", HOST)
         // The machine's own syslog is none of the test's business.
+        .env("FELIX_LOGFILEPATH", "none")
         .env("FELIX_LOGSEVERITYSYS", "none")
         .env("FELIX_HEALTHENABLED", "true")
         .env("FELIX_HEALTHHOST", "127.0.0.1")

@@ -324,7 +324,23 @@ pub struct EtcdCluster {
 }
 
 impl EtcdCluster {
+    /// Starts `size` members and waits until each is healthy. As with a single member, a
+    /// port taken between `free_port` and a member's bind starts the whole cluster again on
+    /// fresh ports (a few times).
     pub fn start(size: usize) -> io::Result<EtcdCluster> {
+        const ATTEMPTS: usize = 4;
+        let mut last = None;
+        for attempt in 0..ATTEMPTS {
+            match EtcdCluster::start_once(size, attempt) {
+                Ok(c) => return Ok(c),
+                Err(e) if e.to_string().contains("address already in use") => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("etcd cluster did not start")))
+    }
+
+    fn start_once(size: usize, attempt: usize) -> io::Result<EtcdCluster> {
         let ports: Vec<(u16, u16)> = (0..size)
             .map(|_| Ok((free_port()?, free_port()?)))
             .collect::<io::Result<_>>()?;
@@ -334,7 +350,7 @@ impl EtcdCluster {
             .map(|(i, (_, p))| format!("m{i}=http://127.0.0.1:{p}"))
             .collect::<Vec<_>>()
             .join(",");
-        let token = format!("margay-test-{}", std::process::id());
+        let token = format!("margay-test-{}-{attempt}", std::process::id());
         let mut members = Vec::new();
         for (i, (c, p)) in ports.iter().enumerate() {
             let mut m =
@@ -342,10 +358,32 @@ impl EtcdCluster {
             m.spawn()?;
             members.push(m);
         }
-        for m in &mut members {
-            m.wait_healthy()?;
+        // All members together: one that exits (its port was taken) is seen at once, not
+        // after the others gave up waiting for a quorum. On an error the members started so
+        // far are killed as `members` drops.
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if members.iter().all(|m| health(m.metrics_port)) {
+                return Ok(EtcdCluster { members });
+            }
+            for m in &mut members {
+                if !m.is_running() {
+                    return Err(io::Error::other(format!(
+                        "etcd {} exited during start-up; see {}: {}",
+                        m.name,
+                        m.log_path().display(),
+                        tail(&m.log_path())
+                    )));
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("etcd cluster of {size} not healthy after {START_TIMEOUT:?}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(EtcdCluster { members })
     }
 
     /// All client URLs.

@@ -240,6 +240,7 @@ fn spawn_typha(bin: &Path, store: &Path) -> Result<(Proc, u32, String, u16), Str
     let hport = free_port().map_err(|e| e.to_string())?;
     let child = Command::new(bin)
         .arg("typha")
+        .env("TYPHA_LOGFILEPATH", "none")
         .env("DATASTORE_TYPE", "local")
         .env("DATASTORE_PATH", store)
         .env("TYPHA_SERVERHOST", "127.0.0.1")

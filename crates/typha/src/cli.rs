@@ -53,6 +53,7 @@ pub fn log_level_from_env() -> String {
         "debug" => "debug",
         "warning" | "warn" => "warn",
         "error" | "critical" | "fatal" | "panic" => "error",
+        "none" => "off",
         _ => "info",
     }
     .to_string()
@@ -64,10 +65,16 @@ pub fn runs_daemon(args: &TyphaArgs) -> bool {
 }
 
 /// Runs a `margay typha` command; returns the exit code.
-pub fn run_typha(args: TyphaArgs, out: &mut dyn std::io::Write) -> u8 {
+pub fn run_typha(
+    args: TyphaArgs,
+    log_file: Option<margay_logging::FileSetter>,
+    out: &mut dyn std::io::Write,
+) -> u8 {
     match args.command {
         None | Some(TyphaCommand::Run) => {
-            crate::daemon::run(crate::daemon::DaemonOptions::from_process(args.config_file))
+            let mut opts = crate::daemon::DaemonOptions::from_process(args.config_file);
+            opts.log_file = log_file;
+            crate::daemon::run(opts)
         }
         Some(TyphaCommand::Bench(b)) => crate::bench::run(b, out),
     }

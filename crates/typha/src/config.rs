@@ -42,6 +42,9 @@ impl RebalancingMode {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TyphaConfig {
     pub log_severity_screen: String,
+    /// LogFilePath (empty: no log file; Calico's default /var/log/calico/typha.log).
+    pub log_file_path: String,
+    pub log_severity_file: String,
     pub health_enabled: bool,
     pub health_host: String,
     pub health_port: u16,
@@ -123,6 +126,8 @@ impl Default for TyphaConfig {
     fn default() -> Self {
         TyphaConfig {
             log_severity_screen: "INFO".into(),
+            log_file_path: "/var/log/calico/typha.log".into(),
+            log_severity_file: "INFO".into(),
             health_enabled: false,
             health_host: "localhost".into(),
             health_port: 9098,
@@ -327,6 +332,14 @@ impl TyphaConfig {
         }
         match name {
             "logseverityscreen" => self.log_severity_screen = v.to_string(),
+            "logfilepath" => {
+                self.log_file_path = if v.trim().eq_ignore_ascii_case("none") {
+                    String::new()
+                } else {
+                    v.trim().to_string()
+                }
+            }
+            "logseverityfile" => self.log_severity_file = v.to_string(),
             "healthenabled" => self.health_enabled = boolean("HealthEnabled", v)?,
             "healthhost" => self.health_host = v.to_string(),
             "healthport" => self.health_port = port("HealthPort", v)?,

@@ -32,6 +32,8 @@ pub struct DaemonOptions {
     pub env: BTreeMap<String, String>,
     pub config_file: PathBuf,
     pub handle_signals: bool,
+    /// Applies LogFilePath + LogSeverityFile (None: no file destination to manage).
+    pub log_file: Option<margay_logging::FileSetter>,
 }
 
 impl std::fmt::Debug for DaemonOptions {
@@ -57,6 +59,7 @@ impl DaemonOptions {
             env,
             config_file,
             handle_signals: true,
+            log_file: None,
         }
     }
 }
@@ -95,6 +98,24 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// LogFilePath + LogSeverityFile, as Calico's Typha: no file when the path is `none`; a file
+/// that cannot be opened stops Typha (the parameter is die-on-fail).
+fn apply_log_file(set: &margay_logging::FileSetter, config: &TyphaConfig) -> Result<(), String> {
+    let level = margay_logging::calico_level(&config.log_severity_file).unwrap_or("info");
+    if config.log_file_path.is_empty() || level == "off" {
+        return set(None, "off");
+    }
+    let path = std::path::Path::new(&config.log_file_path);
+    set(Some(path), level).map_err(|e| {
+        format!(
+            "LogFilePath: {e}; fix the path or its permissions, or set TYPHA_LOGFILEPATH=none \
+             to log only to the screen"
+        )
+    })?;
+    tracing::info!(path = %path.display(), level = %config.log_severity_file, "Logging to file");
+    Ok(())
+}
+
 pub async fn run_async(opts: DaemonOptions) -> u8 {
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -116,6 +137,12 @@ pub async fn run_async(opts: DaemonOptions) -> u8 {
             return 2;
         }
     };
+    if let Some(set) = &opts.log_file
+        && let Err(e) = apply_log_file(set, &config)
+    {
+        tracing::error!("{e}");
+        return 1;
+    }
     let tls = if config.tls_configured() {
         let files = TlsFiles {
             key_file: config.server_key_file.clone(),
@@ -765,6 +792,7 @@ mod tests {
                 .collect(),
             config_file: PathBuf::from("/nonexistent/typha.cfg"),
             handle_signals: false,
+            log_file: None,
         }
     }
 

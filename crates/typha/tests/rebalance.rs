@@ -191,6 +191,7 @@ async fn the_kubernetes_mode_follows_typhas_and_nodes() {
         env,
         config_file: dir.path().join("typha.cfg"),
         handle_signals: false,
+        log_file: None,
     }));
     struct Abort(tokio::task::JoinHandle<u8>);
     impl Drop for Abort {

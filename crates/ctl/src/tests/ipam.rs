@@ -156,3 +156,82 @@ fn ipam_with_an_unreachable_datastore_exits_1() {
     assert_eq!(o.code, EXIT_INVALID, "{o:?}");
     assert!(o.err.contains("cannot reach the datastore"), "{o:?}");
 }
+
+#[test]
+fn ipam_split_replaces_a_pool_and_bad_input_changes_nothing() {
+    let ctl = Ctl::new();
+    let p = "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata:\n  name: p1\nspec:\n  cidr: 10.7.0.0/24\n  blockSize: 26\n  natOutgoing: true\n---\napiVersion: projectcalico.org/v3\nkind: ClusterInformation\nmetadata:\n  name: default\nspec:\n  datastoreReady: true\n";
+    let f = ctl.file("p.yaml", p);
+    assert_eq!(ctl.run(&["create", "-f", &f]).code, EXIT_OK);
+    let ip = assign(&ctl, "h1", "node-a");
+    let pool_yaml = |ctl: &Ctl| ctl.run(&["get", "ippool", "p1", "-o", "yaml"]);
+
+    // Not locked: refused, nothing changed.
+    let o = ctl.run(&["ipam", "split", "--name", "p1", "2"]);
+    assert_eq!(o.code, EXIT_INVALID, "{o:?}");
+    assert!(o.err.contains("datastore is not locked"), "{o:?}");
+    assert!(!pool_yaml(&ctl).out.contains("disabled"));
+
+    let o = ctl.run(&["datastore", "migrate", "lock"]);
+    assert_eq!(o.code, EXIT_OK, "{o:?}");
+    for (args, code, says) in [
+        (&["ipam", "split", "2"][..], EXIT_USAGE, "no name or CIDR"),
+        (
+            &["ipam", "split", "--name", "p1", "x"][..],
+            EXIT_USAGE,
+            "not a valid number",
+        ),
+        (
+            &["ipam", "split", "--name", "p1", "3"][..],
+            EXIT_INVALID,
+            "power of 2",
+        ),
+        // /27 pools cannot hold /26 blocks.
+        (
+            &["ipam", "split", "--name", "p1", "8"][..],
+            EXIT_INVALID,
+            "would not be valid",
+        ),
+        (
+            &["ipam", "split", "--cidr", "10.9.0.0/24", "2"][..],
+            EXIT_INVALID,
+            "unable to find IP pool",
+        ),
+        (
+            &["ipam", "split", "--name", "nope", "2"][..],
+            EXIT_INVALID,
+            "unable to find IP pool with name nope",
+        ),
+    ] {
+        let o = ctl.run(args);
+        assert_eq!(o.code, code, "{args:?}: {o:?}");
+        assert!(o.err.contains(says), "{args:?}: {o:?}");
+        let y = pool_yaml(&ctl);
+        assert_eq!(y.code, EXIT_OK, "{args:?}: the pool is gone");
+        assert!(
+            !y.out.contains("disabled"),
+            "{args:?} disabled the pool: {}",
+            y.out
+        );
+    }
+
+    let o = ctl.run(&["ipam", "split", "--cidr", "10.7.0.0/24", "2"]);
+    assert_eq!(o.code, EXIT_OK, "{o:?}");
+    assert_eq!(
+        o.out,
+        "IP Pool p1 was successfully split into 2 smaller pools.\n\
+         Created split-p1-0 with CIDR 10.7.0.0/25.\n\
+         Created split-p1-1 with CIDR 10.7.0.128/25.\n\
+         Please refer to the documentation for final steps.\n"
+    );
+    assert_eq!(pool_yaml(&ctl).code, EXIT_INVALID, "the old pool stays");
+    let child = ctl.run(&["get", "ippool", "split-p1-1", "-o", "yaml"]);
+    assert!(
+        child.out.contains("natOutgoing: true") && !child.out.contains("disabled"),
+        "{}",
+        child.out
+    );
+    // The allocation survives the split.
+    let o = ctl.run(&["ipam", "show", "--ip", &ip.to_string()]);
+    assert!(o.out.contains("is in use"), "{o:?}");
+}

@@ -390,3 +390,57 @@ fn label_namespaced_resources() {
     let p = ctl.stored(Kind::NetworkPolicy, "prod", "p1").unwrap();
     assert_eq!(p.metadata().labels["team"], "a");
 }
+
+/// `-o json` as calicoctl's `json.MarshalIndent` of the Go types: keys in struct order
+/// (`kind`, `apiVersion`, `metadata`, `spec`; a list's `metadata` before its `items`), two
+/// spaces, no newline at the end.
+#[test]
+fn get_json_keeps_calicoctls_key_order() {
+    let ctl = Ctl::new();
+    let f = ctl.file(
+        "p.yaml",
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata:\n  name: p1\n  labels: {b: '1', a: '2'}\nspec:\n  natOutgoing: true\n  cidr: 10.1.0.0/16\n  blockSize: 26\n  vxlanMode: Always\n",
+    );
+    assert_eq!(ctl.run(&["create", "-f", &f]).code, EXIT_OK);
+    let o = ctl.run(&["get", "ippool", "p1", "-o", "json"]);
+    assert_eq!(o.code, EXIT_OK, "{o:?}");
+    assert!(o.out.starts_with("{\n  \"kind\": \"IPPool\",\n  \"apiVersion\": \"projectcalico.org/v3\",\n  \"metadata\": {\n    \"name\": \"p1\","), "{}", o.out);
+    assert!(o.out.ends_with('}'), "no newline at the end: {:?}", o.out);
+    let at = |k: &str| o.out.find(k).unwrap_or_else(|| panic!("{k} in {}", o.out));
+    // IPPoolSpec's Go order: cidr, vxlanMode, natOutgoing, blockSize; labels sorted (a map).
+    assert!(
+        at("\"cidr\"") < at("\"vxlanMode\"")
+            && at("\"vxlanMode\"") < at("\"natOutgoing\"")
+            && at("\"natOutgoing\"") < at("\"blockSize\""),
+        "{}",
+        o.out
+    );
+    assert!(
+        at("\"uid\"") < at("\"resourceVersion\"") && at("\"resourceVersion\"") < at("\"labels\""),
+        "{}",
+        o.out
+    );
+    assert!(at("\"a\": \"2\"") < at("\"b\": \"1\""), "{}", o.out);
+
+    let o = ctl.run(&["get", "ippools", "-o", "json"]);
+    assert!(o.out.starts_with("{\n  \"kind\": \"IPPoolList\",\n  \"apiVersion\": \"projectcalico.org/v3\",\n  \"metadata\": {\n    \"resourceVersion\": "), "{}", o.out);
+    assert!(o.out.find("\"metadata\"") < o.out.find("\"items\""));
+    let v: serde_json::Value = serde_json::from_str(&o.out).unwrap();
+    assert_eq!(v["items"][0]["metadata"]["name"], "p1");
+
+    // get -f naming two resources: one JSON array of both, each in the same order.
+    let g = ctl.file(
+        "two.yaml",
+        "apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: p1}\n---\napiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: p1}\n",
+    );
+    let o = ctl.run(&["get", "-f", &g, "-o", "json"]);
+    assert_eq!(o.code, EXIT_OK, "{o:?}");
+    assert!(
+        o.out
+            .starts_with("[\n  {\n    \"kind\": \"IPPool\",\n    \"apiVersion\""),
+        "{}",
+        o.out
+    );
+    let v: serde_json::Value = serde_json::from_str(&o.out).unwrap();
+    assert_eq!(v.as_array().map(Vec::len), Some(2), "{}", o.out);
+}

@@ -75,6 +75,8 @@ pub struct DaemonOptions {
     /// Applies LogSeveritySys once configuration is loaded (None: no syslog destination, e.g.
     /// Felix running inside another process).
     pub syslog_level: Option<LogLevelSetter>,
+    /// Applies LogFilePath + LogSeverityFile (None: no file destination to manage).
+    pub log_file: Option<margay_logging::FileSetter>,
     /// The pause before exiting for a restart (Calico: 2 s).
     pub restart_delay: Duration,
     /// Listen for SIGTERM, SIGINT and SIGHUP.
@@ -95,6 +97,7 @@ impl DaemonOptions {
             kernel_hostname: crate::inputs::kernel_hostname(),
             log_level: None,
             syslog_level: None,
+            log_file: None,
             restart_delay: Duration::from_secs(2),
             handle_signals: true,
         }
@@ -155,6 +158,17 @@ pub struct Control {
     bootstrap: Arc<Mutex<Bootstrap>>,
     metrics: Arc<Mutex<Option<Arc<Metrics>>>>,
     reasons: mpsc::UnboundedSender<Reason>,
+    /// What start-up waits for now (the status socket says it before the pipeline runs).
+    waiting: Arc<Mutex<Waiting>>,
+    /// The running pipeline's state, once start-up is done (the status socket's full answers).
+    running: Arc<Mutex<Option<Arc<Shared>>>>,
+}
+
+/// Start-up's current wait, for the status socket.
+#[derive(Debug, Clone)]
+pub(crate) struct Waiting {
+    pub what: String,
+    pub since: Instant,
 }
 
 impl Control {
@@ -175,6 +189,18 @@ impl Control {
     /// Felix's metrics, once configuration is loaded.
     pub fn metrics(&self) -> Option<Arc<Metrics>> {
         lock(&self.metrics).clone()
+    }
+
+    /// Records what start-up waits for now (kept until the next call).
+    fn waiting_for(&self, what: impl Into<String>) {
+        let what = what.into();
+        let mut w = lock(&self.waiting);
+        if w.what != what {
+            *w = Waiting {
+                what,
+                since: Instant::now(),
+            };
+        }
     }
 }
 
@@ -282,6 +308,11 @@ impl Daemon {
             bootstrap: Arc::new(Mutex::new(Bootstrap::new(Instant::now()))),
             metrics: Arc::new(Mutex::new(None)),
             reasons,
+            waiting: Arc::new(Mutex::new(Waiting {
+                what: "configuration to load".into(),
+                since: Instant::now(),
+            })),
+            running: Arc::new(Mutex::new(None)),
         };
         Daemon {
             opts,
@@ -323,6 +354,32 @@ impl Daemon {
             spawn_signal_listener(control.reasons.clone());
         }
         let opts = self.opts.clone();
+        // The status socket answers from the first second: while start-up waits it says for
+        // what, then it gives the full status.
+        let (stop_status, status_stop_rx) = watch::channel(false);
+        let status_server = match &opts.status_socket {
+            Some(path) => match crate::status::StatusSocket::bind(path) {
+                Ok(sock) => {
+                    tracing::info!(path = %path.display(), "Serving the status API (margay felix status)");
+                    Some(tokio::spawn(status_api::serve_status(
+                        sock,
+                        control.clone(),
+                        status_stop_rx,
+                    )))
+                }
+                Err(e) => {
+                    tracing::error!("{e}");
+                    return Exit::Failed(e.to_string());
+                }
+            },
+            None => None,
+        };
+        let stop_status_server = |server: Option<tokio::task::JoinHandle<()>>| async move {
+            let _ = stop_status.send(true);
+            if let Some(s) = server {
+                let _ = tokio::time::timeout(Duration::from_secs(1), s).await;
+            }
+        };
         let started = tokio::select! {
             r = startup(&opts, &control) => r,
             r = self.reasons_rx.recv() => Err(StartError::Reason(r.unwrap_or(Reason::Stop))),
@@ -331,13 +388,16 @@ impl Daemon {
             Ok(s) => s,
             Err(StartError::Fatal(msg)) => {
                 tracing::error!("{msg}");
+                stop_status_server(status_server).await;
                 return Exit::Failed(msg);
             }
             Err(StartError::Reason(r)) => {
                 tracing::warn!(reason = %r, "Felix is shutting down");
+                stop_status_server(status_server).await;
                 return finish(r, &mut self.reasons_rx, self.opts.restart_delay).await;
             }
         };
+        *lock(&control.running) = Some(started.shared.clone());
         let reason = self.reasons_rx.recv().await.unwrap_or(Reason::Stop);
         tracing::warn!(reason = %reason, "Felix is shutting down");
         // Stop the syncer and the servers (the status socket is removed as its server ends);
@@ -345,6 +405,8 @@ impl Daemon {
         started.syncer.abort();
         started.blocks.abort();
         let _ = started.stop_servers.send(true);
+        lock(&control.running).take();
+        stop_status_server(status_server).await;
         lock(&started.shared.calc_tx).take();
         for s in started.servers.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(1), s).await;

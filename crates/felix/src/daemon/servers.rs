@@ -8,11 +8,9 @@ use std::time::Duration;
 use margay_felix_config::Config;
 use tokio::sync::watch;
 
-use super::status_api::serve_status;
-use super::{DaemonOptions, RETRY, Shared, StartError, lock};
+use super::{RETRY, Shared, StartError, lock};
 use crate::health::HealthAggregator;
 use crate::metrics::Metrics;
-use crate::status::StatusSocket;
 use margay_daemon_http::{Health, Limits, Router};
 
 /// Starts the health server, moves it, or stops it, as configuration says (Calico's
@@ -73,7 +71,6 @@ impl HealthServer {
 /// Starts the metrics server (when enabled), the status socket (when asked for) and the
 /// task that logs the start-up summary once Felix is ready; the sender stops them all.
 pub(super) async fn start(
-    opts: &DaemonOptions,
     config: &Config,
     metrics: &Arc<Metrics>,
     shared: &Arc<Shared>,
@@ -115,15 +112,6 @@ pub(super) async fn start(
                 )));
             }
         }
-    }
-    if let Some(path) = &opts.status_socket {
-        let sock = StatusSocket::bind(path).map_err(|e| StartError::Fatal(e.to_string()))?;
-        tracing::info!(path = %path.display(), "Serving the status API (margay felix status)");
-        servers.push(tokio::spawn(serve_status(
-            sock,
-            shared.clone(),
-            stop_rx.clone(),
-        )));
     }
     {
         let shared = shared.clone();

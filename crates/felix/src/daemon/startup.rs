@@ -38,6 +38,32 @@ fn log_warnings(once: &mut WarnOnce, loaded: &Loaded) {
     }
 }
 
+/// LogFilePath + LogSeverityFile, as Calico's Felix: no file when either is empty/`none`;
+/// a file that cannot be opened stops Felix (the parameter is DieOnFail).
+fn apply_log_file(
+    set: &margay_logging::FileSetter,
+    path: &str,
+    severity: &str,
+) -> Result<(), StartError> {
+    let level = if severity.trim().is_empty() {
+        "off"
+    } else {
+        calico_level(severity).unwrap_or("info")
+    };
+    let path = path.trim();
+    if path.is_empty() || path.eq_ignore_ascii_case("none") || level == "off" {
+        return set(None, "off").map_err(StartError::Fatal);
+    }
+    set(Some(std::path::Path::new(path)), level).map_err(|e| {
+        StartError::Fatal(format!(
+            "LogFilePath: {e}; fix the path or its permissions, or set LogFilePath=none \
+             (FELIX_LOGFILEPATH=none) to log only to the screen"
+        ))
+    })?;
+    tracing::info!(path, level = severity, "Logging to file");
+    Ok(())
+}
+
 /// Everything up to the running pipeline (Calico's `daemon.Run` up to
 /// `monitorAndManageShutdown`).
 pub(super) async fn startup(
@@ -64,6 +90,7 @@ pub(super) async fn startup(
             Ok(l) => l,
             Err(e) => {
                 tracing::error!("{e}; retrying");
+                control.waiting_for(format!("the configuration to be readable: {e}"));
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
@@ -76,6 +103,9 @@ pub(super) async fn startup(
             Ok(l) => l,
             Err(e) => {
                 tracing::error!(error = %e, "Failed to load configuration from the environment and config file; retrying in 1s");
+                control.waiting_for(format!(
+                    "a valid configuration (environment and config file): {e}"
+                ));
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
@@ -99,6 +129,7 @@ pub(super) async fn startup(
                         }
                         Err(e) => {
                             tracing::error!("{e}; retrying in 1s");
+                            control.waiting_for(format!("Typha: {e}"));
                             tokio::time::sleep(RETRY).await;
                             continue;
                         }
@@ -155,15 +186,21 @@ pub(super) async fn startup(
         let ds_cfg = datastore_config(&opts.env, &local_loaded)
             .map_err(|e| StartError::Fatal(e.to_string()))?;
         tracing::info!(datastore = %ds_cfg.describe(), "Connecting to datastore");
+        control.waiting_for(format!("the datastore ({})", ds_cfg.describe()));
         let backend = match tokio::time::timeout(Duration::from_secs(10), ds_cfg.connect()).await {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => {
                 tracing::error!(datastore = %ds_cfg.describe(), error = %e, "Failed to create datastore client; retrying in 1s");
+                control.waiting_for(format!("the datastore ({}): {e}", ds_cfg.describe()));
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
             Err(_) => {
                 tracing::error!(datastore = %ds_cfg.describe(), "Connecting to the datastore timed out after 10s; retrying");
+                control.waiting_for(format!(
+                    "the datastore ({}): connecting timed out after 10s",
+                    ds_cfg.describe()
+                ));
                 continue;
             }
         };
@@ -176,6 +213,7 @@ pub(super) async fn startup(
                 Ok(ds) => ds,
                 Err(e) => {
                     tracing::error!(error = %e, "Failed to get config from datastore; retrying in 1s");
+                    control.waiting_for(format!("configuration from the datastore: {e}"));
                     tokio::time::sleep(RETRY).await;
                     continue 'config;
                 }
@@ -184,6 +222,7 @@ pub(super) async fn startup(
                 Ok(l) => l,
                 Err(e) => {
                     tracing::error!(error = %e, "Failed to parse/validate configuration from datastore; retrying in 1s");
+                    control.waiting_for(format!("valid configuration in the datastore: {e}"));
                     tokio::time::sleep(RETRY).await;
                     continue 'config;
                 }
@@ -192,6 +231,10 @@ pub(super) async fn startup(
                 // Calico reports ready while it waits: a datastore being migrated must not
                 // make every node unready.
                 health.report(FELIX_STARTUP, true, true);
+                control.waiting_for(
+                    "the datastore to be initialized: ClusterInformation \"default\" does not have \
+                     datastoreReady: true (margay node startup sets it)",
+                );
                 let now = Instant::now();
                 match waiting_since {
                     None => {
@@ -220,6 +263,7 @@ pub(super) async fn startup(
         }
     };
     mark("datastore_config");
+    control.waiting_for("the IP pools, the dataplane driver and the pipeline to start");
     let config = loaded.config.clone();
     let hostname = config.felix_hostname.clone();
 
@@ -232,6 +276,7 @@ pub(super) async fn startup(
                     Ok(l) => break l.items,
                     Err(e) => {
                         tracing::error!(error = %e, "Failed to list IP pools; retrying in 1s");
+                        control.waiting_for(format!("the IP pools from the datastore: {e}"));
                         tokio::time::sleep(RETRY).await;
                     }
                 }
@@ -273,7 +318,9 @@ pub(super) async fn startup(
         }
     }
     if let Some(set) = &opts.syslog_level {
-        match calico_level(&config.log_severity_sys) {
+        // Empty is how the parameter parses `none`.
+        let sys = Some(config.log_severity_sys.as_str()).filter(|v| !v.trim().is_empty());
+        match sys.map_or(Some("off"), calico_level) {
             Some(level) => {
                 if let Err(e) = set(level) {
                     // Not fatal, as in Calico: syslog is often absent in containers.
@@ -288,6 +335,9 @@ pub(super) async fn startup(
                 tracing::warn!(value = %config.log_severity_sys, "LogSeveritySys is not a level; not logging to syslog")
             }
         }
+    }
+    if let Some(set) = &opts.log_file {
+        apply_log_file(set, &config.log_file_path, &config.log_severity_file)?;
     }
     let set_count = loaded
         .sources()
@@ -435,8 +485,7 @@ pub(super) async fn startup(
     }
     tracing::info!("Started the processing graph");
 
-    let (servers, stop_servers) =
-        super::servers::start(opts, &config, &metrics, &shared, health).await?;
+    let (servers, stop_servers) = super::servers::start(&config, &metrics, &shared, health).await?;
     Ok(Started {
         shared,
         _health_server: health_server,

@@ -2,17 +2,16 @@
 //! the dataplane model, health, start-up phases and the problems found.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use margay_datastore::SyncStatus;
 use tokio::sync::{oneshot, watch};
 
-use super::{CalcInput, Shared, lock};
+use super::{CalcInput, Control, Shared, lock};
 use crate::status::{
     BootstrapView, ConnLimits, DataplaneView, EndpointView, IpSetView, ProblemView, REQUESTS,
-    StatusDoc, StatusSocket, TierView,
+    StartingDoc, StatusDoc, StatusSocket, TierView,
 };
 
 // ---- status API -----------------------------------------------------------------------------
@@ -199,14 +198,51 @@ async fn answer(shared: &Shared, what: &str) -> (u16, serde_json::Value) {
     }
 }
 
+/// The answer while start-up is still under way: what it waits for and since when, the phases
+/// done, health; 503 (Felix is not running its pipeline yet) except for `health`.
+fn starting_answer(control: &Control, what: &str) -> (u16, serde_json::Value) {
+    if what == "health" {
+        return match serde_json::to_value(control.health.summary()) {
+            Ok(v) => (200, v),
+            Err(e) => (500, serde_json::json!({ "error": e.to_string() })),
+        };
+    }
+    let waiting = lock(&control.waiting).clone();
+    let b = lock(&control.bootstrap).clone();
+    let waited = waiting.since.elapsed().as_secs_f64();
+    let doc = StartingDoc {
+        starting: true,
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        uptime_seconds: b.start().elapsed().as_secs_f64(),
+        waiting_for: waiting.what.clone(),
+        waiting_seconds: waited,
+        phases: b.phases().to_vec(),
+        error: format!(
+            "Felix is starting: waiting for {} (for {waited:.1}s)",
+            waiting.what
+        ),
+    };
+    match serde_json::to_value(&doc) {
+        Ok(v) => (503, v),
+        Err(e) => (500, serde_json::json!({ "error": e.to_string() })),
+    }
+}
+
 pub(super) async fn serve_status(
     sock: StatusSocket,
-    shared: Arc<Shared>,
+    control: Control,
     stop: watch::Receiver<bool>,
 ) {
     let respond = move |what: String| {
-        let shared = shared.clone();
-        async move { answer(&shared, &what).await }
+        let control = control.clone();
+        async move {
+            let running = lock(&control.running).clone();
+            match running {
+                Some(shared) => answer(&shared, &what).await,
+                None => starting_answer(&control, &what),
+            }
+        }
     };
     crate::status::serve(&sock.listener, ConnLimits::default(), respond, stop).await;
 }

@@ -239,6 +239,9 @@ pub(crate) fn start_felix(
         ("FELIX_LOGSEVERITYSCREEN".into(), "Info".into()),
         // Each node logs to its own file; the machine's syslog is not the lab's.
         ("FELIX_LOGSEVERITYSYS".into(), "none".into()),
+        // The lab keeps each role's screen output in the node's directory (as calico-node's
+        // felix.cfg sets LogFilePath=None and svlogd keeps the screen).
+        ("FELIX_LOGFILEPATH".into(), "none".into()),
         (
             "FELIX_ENDPOINTSTATUSPATHPREFIX".into(),
             dir.join("status").display().to_string(),

@@ -47,7 +47,7 @@ fn every_document_is_a_kubernetes_object() {
                 ns.to_string(),
                 name.to_string(),
             );
-            let variant = rel(f).starts_with("bgp/");
+            let variant = rel(f).starts_with("bgp/") || rel(f).starts_with("etcd/");
             if !variant && let Some(other) = seen.insert(key, rel(f)) {
                 panic!("{kind} {name} is in both {other} and {}", rel(f));
             }
@@ -93,7 +93,11 @@ fn every_container_runs_a_margay_command_line() {
         WAIT,
     );
     let mut checked = 0;
-    for m in [Manifests::default_set(), Manifests::bgp_set()] {
+    for m in [
+        Manifests::default_set(),
+        Manifests::bgp_set(),
+        Manifests::etcd_set(),
+    ] {
         for c in containers(&m) {
             let mut lines = vec![("command".to_string(), c.argv())];
             lines.extend(c.probe_argvs());
@@ -255,7 +259,11 @@ fn every_variable_set_is_one_margay_reads() {
     let datastore = datastore_variables();
     let kube_controllers = has_role("kube-controllers");
     let mut checked = 0;
-    for m in [Manifests::default_set(), Manifests::bgp_set()] {
+    for m in [
+        Manifests::default_set(),
+        Manifests::bgp_set(),
+        Manifests::etcd_set(),
+    ] {
         for c in containers(&m) {
             let env = c.env(&m).unwrap_or_else(|e| panic!("{}: {e}", c.at));
             let mut seen = BTreeSet::new();

@@ -255,3 +255,26 @@ fn margays_datastore_works_over_the_deployed_crds() {
         .unwrap();
     assert_eq!(np["spec"]["selector"], "app == 'web'");
 }
+
+/// The etcd installation as its header says to install it: `kubectl apply -f
+/// deploy/rbac.yaml -f deploy/etcd/margay-etcd.yaml`, every object created.
+#[test]
+fn kubectl_applies_the_etcd_installation() {
+    let Some(k) = Kubectl::new() else { return };
+    let dir = deploy_dir();
+    let rbac = dir.join("rbac.yaml");
+    let etcd = dir.join("etcd/margay-etcd.yaml");
+    let out = k.ok(&[
+        "apply",
+        "-f",
+        rbac.to_str().unwrap(),
+        "-f",
+        etcd.to_str().unwrap(),
+    ]);
+    let m = Manifests::etcd_set();
+    for (_, d) in &m.docs {
+        let line = format!("{} created", kubectl_name(d));
+        assert!(out.lines().any(|l| l == line), "{line:?} not in:\n{out}");
+    }
+    assert_eq!(out.lines().count(), m.docs.len(), "{out}");
+}

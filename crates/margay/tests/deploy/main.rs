@@ -129,6 +129,15 @@ impl Manifests {
         Manifests::read(&files)
     }
 
+    /// The etcd installation: deploy/rbac.yaml and deploy/etcd/ (no CRDs, no Typha).
+    fn etcd_set() -> Manifests {
+        let files: Vec<PathBuf> = manifest_files(&deploy_dir())
+            .into_iter()
+            .filter(|f| f.ends_with("rbac.yaml") || rel(f).starts_with("etcd/"))
+            .collect();
+        Manifests::read(&files)
+    }
+
     fn of_kind<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
         self.docs
             .iter()
@@ -370,6 +379,7 @@ const SLICES: Gvr<'static> = Gvr::new("discovery.k8s.io", "v1", "endpointslices"
 
 mod crds;
 mod documents;
+mod etcd;
 mod kubectl;
 mod node;
 mod references;

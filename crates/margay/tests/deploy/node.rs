@@ -58,7 +58,7 @@ fn allowed(rules: &[Rule], verb: &str, group: &str, resource: &str) -> bool {
 }
 
 /// The requests the double served since `before`: (verb, group, resource).
-fn requests_since(
+pub(crate) fn requests_since(
     api: &ApiServer,
     before: &BTreeMap<(String, String, String), u64>,
 ) -> BTreeSet<(String, String, String)> {
@@ -71,7 +71,7 @@ fn requests_since(
 }
 
 /// Every request in `requests` is allowed to `sa`.
-fn assert_within_rbac(
+pub(crate) fn assert_within_rbac(
     m: &Manifests,
     sa: &str,
     what: &str,
@@ -124,7 +124,7 @@ fn k8s_node(name: &str) -> Value {
 /// resolved) on an empty one, plus `extra` (what a pod gets from its surroundings: the
 /// service account's credentials as KUBECONFIG, the kubelet's KUBERNETES_SERVICE_*, ports
 /// free on this host).
-fn container_command(
+pub(crate) fn container_command(
     m: &Manifests,
     c: &Container<'_>,
     home: &Path,
@@ -152,7 +152,7 @@ fn container_command(
     cmd
 }
 
-fn container<'a>(m: &'a Manifests, at: &str) -> Container<'a> {
+pub(crate) fn container<'a>(m: &'a Manifests, at: &str) -> Container<'a> {
     containers(m)
         .into_iter()
         .find(|c| c.at == at)
@@ -161,7 +161,7 @@ fn container<'a>(m: &'a Manifests, at: &str) -> Container<'a> {
 
 /// deploy/ installed in the double (CRDs first, as the loader orders them), and the cluster's
 /// own objects: the node, a namespace with a pod on the node.
-fn seed_cluster(api: &ApiServer, pod_ip: Option<&str>) {
+pub(crate) fn seed_cluster(api: &ApiServer, pod_ip: Option<&str>) {
     let s = api.store();
     for f in manifest_files(&deploy_dir())
         .iter()

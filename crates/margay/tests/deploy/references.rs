@@ -317,6 +317,71 @@ fn references_resolve_and_agree_with_margay() {
     }
 }
 
+/// The etcd installation: every reference resolves, every margay container that reads the
+/// datastore reads etcd with the ConfigMap's endpoints and certificate paths (the Secret
+/// mounted where they point), the CNI configuration names etcd too, and no Typha is wired.
+#[test]
+fn etcd_installation_reads_etcd_everywhere() {
+    let m = Manifests::etcd_set();
+    check_references(&m);
+    assert!(m.find("Deployment", "margay-typha").is_none());
+    assert!(
+        m.find("CustomResourceDefinition", "ippools.crd.projectcalico.org")
+            .is_none()
+    );
+    let mut readers = 0;
+    for c in containers(&m) {
+        let env: BTreeMap<String, String> = c.env(&m).unwrap().into_iter().collect();
+        assert!(!env.contains_key("FELIX_TYPHAK8SSERVICENAME"), "{}", c.at);
+        let Some(ty) = env.get("DATASTORE_TYPE") else {
+            continue;
+        };
+        readers += 1;
+        assert_eq!(ty, "etcdv3", "{}", c.at);
+        assert_eq!(
+            env["ETCD_ENDPOINTS"],
+            m.config_value("margay-config", "etcd_endpoints").unwrap()
+        );
+        for k in ["ETCD_CA_CERT_FILE", "ETCD_CERT_FILE", "ETCD_KEY_FILE"] {
+            assert!(env.contains_key(k), "{}: {k}", c.at);
+        }
+        let mounts: Vec<&str> = c.spec["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| v["name"] == "etcd-certs")
+            .map(|v| v["mountPath"].as_str().unwrap())
+            .collect();
+        assert_eq!(mounts, ["/calico-secrets"], "{}", c.at);
+    }
+    // node-startup, felix, network-condition, kube-controllers.
+    assert_eq!(readers, 4);
+    let cni: Value = serde_json::from_str(
+        &m.config_value("margay-config", "cni_network_config")
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cni["plugins"][0]["datastore_type"], "etcdv3");
+    assert_eq!(
+        cni["plugins"][0]["etcd_endpoints"],
+        m.config_value("margay-config", "etcd_endpoints")
+            .unwrap()
+            .as_str()
+    );
+    let kc = m.get("Deployment", "margay-kube-controllers");
+    let env = &kc["spec"]["template"]["spec"]["containers"][0]["env"];
+    let enabled = env
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "ENABLED_CONTROLLERS")
+        .unwrap();
+    assert_eq!(
+        enabled["value"],
+        "policy,namespace,serviceaccount,workloadendpoint,node"
+    );
+}
+
 /// The BGP DaemonSet is the default one with BGP's differences, and nothing else: start-up's
 /// backend and pools, and the confd and bird containers (BIRD reading what confd writes, on
 /// the socket confd and the probes use).

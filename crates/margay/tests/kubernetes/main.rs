@@ -382,6 +382,7 @@ impl Felix {
             .env("MARGAY_DATAPLANE", "recording")
             .env("FELIX_FELIXHOSTNAME", host)
             // The machine's own syslog is none of the test's business.
+            .env("FELIX_LOGFILEPATH", "none")
             .env("FELIX_LOGSEVERITYSYS", "none")
             .env("FELIX_HEALTHENABLED", "false")
             .env("FELIX_PROMETHEUSMETRICSENABLED", "false")

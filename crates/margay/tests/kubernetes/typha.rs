@@ -68,6 +68,7 @@ fn typha_is_the_only_api_watcher_for_fifty_felix_clients() {
     let mut c = k.margay();
     c.args(["typha", "run", "-c"])
         .arg(k.path("typha.cfg"))
+        .env("TYPHA_LOGFILEPATH", "none")
         .env("TYPHA_SERVERHOST", "127.0.0.1")
         .env("TYPHA_SERVERPORT", port.to_string())
         .env("TYPHA_SYNCERTYPES", "felix")
@@ -287,6 +288,7 @@ fn felix_and_confd_sync_through_typha_which_alone_watches_the_api() {
     let mut c = k.margay();
     c.args(["typha", "run", "-c"])
         .arg(k.path("typha.cfg"))
+        .env("TYPHA_LOGFILEPATH", "none")
         .env("TYPHA_SERVERHOST", "127.0.0.1")
         .env("TYPHA_SERVERPORT", port.to_string())
         .env("TYPHA_HEALTHENABLED", "false")

@@ -44,27 +44,10 @@ fn stamp() -> String {
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    // Civil date from days since the epoch (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let (_, month, day, h, m, s) = crate::format::Stamp::now().civil();
     format!(
-        "{} {day:>2} {:02}:{:02}:{:02}",
-        MONTHS[usize::try_from(month - 1).unwrap_or(0)],
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
+        "{} {day:>2} {h:02}:{m:02}:{s:02}",
+        MONTHS[usize::try_from(month.saturating_sub(1)).unwrap_or(0) % 12],
     )
 }
 
