@@ -192,6 +192,23 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mgy_ct SEC(".maps");
 
+// Per-rule counters, keyed like the rules ({rule slot, index}): packets and bytes of the new
+// flows the rule decided (Allow or Deny). Per CPU: no atomics on the packet path; userspace
+// sums. An entry goes with its rule (a changed policy's rules are new ones, counted afresh).
+struct counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__type(key, struct rule_key);
+	__type(value, struct counter);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_counters SEC(".maps");
+
 struct pkt {
 	__u32 saddr, daddr;
 	__u16 sport, dport; // network order; 0 without ports
@@ -211,6 +228,7 @@ struct eval {
 	__u32 rule;      // the next rule of that block
 	__u32 pass_to;
 	int verdict;     // -1: none yet
+	int decided;     // a rule decided: (blk_slot, rule) is it
 };
 
 static __always_inline int in_set(__u32 id, __u32 addr)
@@ -350,6 +368,7 @@ static long eval_step(__u32 i, void *data)
 	switch (r->action) {
 	case ACT_ALLOW:
 		e->verdict = TC_ACT_OK;
+		e->decided = 1;
 		return 1;
 	case ACT_PASS:
 		// Only forward: evaluation always ends within the loop bound.
@@ -362,7 +381,21 @@ static long eval_step(__u32 i, void *data)
 		return 0;
 	default:
 		e->verdict = TC_ACT_SHOT;
+		e->decided = 1;
 		return 1;
+	}
+}
+
+static __always_inline void count_rule(struct eval *e, __u32 len)
+{
+	struct rule_key k = {.slot = e->blk_slot, .idx = e->rule};
+	struct counter *c = bpf_map_lookup_elem(&mgy_counters, &k);
+	if (c) {
+		c->packets++;
+		c->bytes += len;
+	} else {
+		struct counter n = {.packets = 1, .bytes = len};
+		bpf_map_update_elem(&mgy_counters, &k, &n, BPF_NOEXIST);
 	}
 }
 
@@ -497,6 +530,8 @@ static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 		struct eval e = {.p = &p, .ep_slot = ep->slot[hook & 1],
 				 .nsteps = ep->count[hook & 1], .verdict = -1};
 		bpf_loop(MAX_RULES, eval_step, &e, 0);
+		if (e.decided)
+			count_rule(&e, skb->len);
 		if (e.verdict != TC_ACT_OK)
 			return TC_ACT_SHOT; // denied, or no rule decided: default deny
 	}

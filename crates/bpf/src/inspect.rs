@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::LpmTrie;
-use aya::maps::{HashMap, Map, MapData};
+use aya::maps::{HashMap, Map, MapData, PerCpuHashMap};
 use aya::programs::links::{FdLink, PinnedLink};
 
 use crate::layout::*;
@@ -55,6 +55,17 @@ pub struct Pinned {
     rules: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; RULE_SIZE]>,
     sets: LpmTrie<MapData, [u8; IPSET_DATA_SIZE], u32>,
     ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VAL_SIZE]>,
+    counters: PerCpuHashMap<MapData, [u8; RULE_KEY_SIZE], [u8; COUNTER_SIZE]>,
+}
+
+/// One rule's counter, with where the rule is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleCounter {
+    pub block: u32,
+    pub index: u32,
+    pub packets: u64,
+    pub bytes: u64,
+    pub rule: Rule,
 }
 
 fn open(dir: &Path, name: &str) -> Result<MapData, InspectError> {
@@ -112,6 +123,11 @@ impl Pinned {
                 dir,
                 "mgy_ct",
                 HashMap::try_from(Map::LruHashMap(open(dir, "mgy_ct")?)),
+            )?,
+            counters: typed(
+                dir,
+                "mgy_counters",
+                PerCpuHashMap::try_from(Map::PerCpuHashMap(open(dir, "mgy_counters")?)),
             )?,
         })
     }
@@ -215,6 +231,41 @@ impl Pinned {
             .filter_map(Result::ok)
             .map(|(k, v)| (CtKey::decode(&k), CtVal::decode(&v)))
             .collect()
+    }
+
+    /// Counters of the rules of every current block (rules that decided nothing yet show
+    /// zero), by block id and rule index.
+    pub fn counters(&self) -> Vec<RuleCounter> {
+        let counts: BTreeMap<(u32, u32), (u64, u64)> = self
+            .counters
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (decode_rule_key(&k), sum_counters(v.iter())))
+            .collect();
+        let mut blocks: Vec<(u32, Block)> = self
+            .blocks
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (u32::from_ne_bytes(k), Block::decode(&v)))
+            .collect();
+        blocks.sort_unstable_by_key(|(id, _)| *id);
+        let mut out = Vec::new();
+        for (id, b) in blocks {
+            for i in 0..b.count.min(MAX_RULES as u32) {
+                let Ok(rule) = self.rules.get(&rule_key(b.slot, i), 0) else {
+                    continue;
+                };
+                let (packets, bytes) = counts.get(&(b.slot, i)).copied().unwrap_or((0, 0));
+                out.push(RuleCounter {
+                    block: id,
+                    index: i,
+                    packets,
+                    bytes,
+                    rule: Rule::decode(&rule),
+                });
+            }
+        }
+        out
     }
 
     /// How many blocks and rules are stored.

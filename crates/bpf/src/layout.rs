@@ -42,6 +42,22 @@ pub const IPSET_DATA_SIZE: usize = 12;
 pub const STEP_SIZE: usize = 12;
 pub const BLOCK_SIZE: usize = 8;
 pub const CT_KEY_SIZE: usize = 20;
+/// `struct counter`: packets u64, bytes u64 (per CPU).
+pub const COUNTER_SIZE: usize = 16;
+
+/// Sums a per-CPU counter's values: (packets, bytes).
+pub fn sum_counters<'a>(per_cpu: impl IntoIterator<Item = &'a [u8; COUNTER_SIZE]>) -> (u64, u64) {
+    per_cpu.into_iter().fold((0u64, 0u64), |(p, b), v| {
+        let mut x = [0u8; 8];
+        x.copy_from_slice(&v[..8]);
+        let mut y = [0u8; 8];
+        y.copy_from_slice(&v[8..]);
+        (
+            p.saturating_add(u64::from_ne_bytes(x)),
+            b.saturating_add(u64::from_ne_bytes(y)),
+        )
+    })
+}
 
 /// Conntrack entry flags (`struct ct_val.flags`), only ever set by the program.
 pub const CT_REPLY_SEEN: u32 = 0x01;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
-use aya::maps::{HashMap, MapData, MapError};
+use aya::maps::{HashMap, MapData, MapError, PerCpuHashMap};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::tc::{NlOptions, SchedClassifierLink, SchedClassifierLinkId, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
@@ -162,6 +162,7 @@ pub struct BpfMaps {
     blocks: HashMap<MapData, [u8; 4], [u8; BLOCK_SIZE]>,
     sets: LpmTrie<MapData, [u8; IPSET_DATA_SIZE], u32>,
     ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VAL_SIZE]>,
+    counters: PerCpuHashMap<MapData, [u8; RULE_KEY_SIZE], [u8; COUNTER_SIZE]>,
     attached: BTreeMap<String, Attached>,
     pin_dir: PathBuf,
     restored: Option<Restored>,
@@ -241,6 +242,9 @@ impl BpfMaps {
             LpmTrie::try_from(take(&mut ebpf, "mgy_ipsets")?).map_err(bad("mgy_ipsets"))?;
         let ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VAL_SIZE]> =
             HashMap::try_from(take(&mut ebpf, "mgy_ct")?).map_err(bad("mgy_ct"))?;
+        let counters: PerCpuHashMap<MapData, [u8; RULE_KEY_SIZE], [u8; COUNTER_SIZE]> =
+            PerCpuHashMap::try_from(take(&mut ebpf, "mgy_counters")?)
+                .map_err(bad("mgy_counters"))?;
         // What the previous run wrote; the maps' sizes bound it.
         let mut restored = Restored::default();
         for (k, v) in eps.iter().filter_map(Result::ok) {
@@ -274,6 +278,7 @@ impl BpfMaps {
             blocks,
             sets,
             ct,
+            counters,
             attached: BTreeMap::new(),
             pin_dir: pin_dir.to_path_buf(),
             restored: Some(restored),
@@ -307,6 +312,15 @@ impl BpfMaps {
         }
         out.live = out.scanned - out.deleted;
         out
+    }
+
+    /// Per-rule counters: (rule slot, index) → (packets, bytes), summed over CPUs.
+    pub fn counters(&self) -> BTreeMap<(u32, u32), (u64, u64)> {
+        self.counters
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (decode_rule_key(&k), sum_counters(v.iter())))
+            .collect()
     }
 
     /// Every conntrack entry (bounded by the map's size).
@@ -617,7 +631,9 @@ impl Kernel for BpfMaps {
     }
 
     fn del_rule(&mut self, slot: u32, idx: u32) -> Result<(), KernelError> {
-        gone_ok(self.rules.remove(&rule_key(slot, idx))).map_err(map_err("mgy_rules"))
+        gone_ok(self.rules.remove(&rule_key(slot, idx))).map_err(map_err("mgy_rules"))?;
+        // Its counter goes with it (a reused slot counts afresh).
+        gone_ok(self.counters.remove(&rule_key(slot, idx))).map_err(map_err("mgy_counters"))
     }
 
     fn put_step(&mut self, slot: u32, idx: u32, step: &StepEnc) -> Result<(), KernelError> {

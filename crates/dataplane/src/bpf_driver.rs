@@ -36,7 +36,7 @@ use crate::{DataplaneDriver, DataplaneError, EndpointStatus, Recording, StatusUp
 pub const CT_GC_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The eBPF driver's state, for `felix status` and logs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BpfStatus {
     pub pin_dir: PathBuf,
     /// Interfaces with programs attached.
@@ -47,13 +47,24 @@ pub struct BpfStatus {
     pub blocks: usize,
     pub rules: usize,
     pub set_entries: usize,
-    /// The last conntrack sweep (entries scanned, deleted, left).
-    pub conntrack: CtGc,
+    /// The last conntrack sweep: entries deleted and left.
+    pub conntrack_deleted: usize,
+    pub conntrack_entries: usize,
     /// What the start took over from the previous run: endpoints, interfaces, programs
     /// replaced.
     pub restored_endpoints: usize,
     pub restored_interfaces: usize,
     pub programs_replaced: usize,
+}
+
+/// Shared view of the driver's [`BpfStatus`].
+#[derive(Debug, Clone, Default)]
+pub struct BpfStatusHandle(std::sync::Arc<std::sync::Mutex<BpfStatus>>);
+
+impl BpfStatusHandle {
+    pub fn get(&self) -> BpfStatus {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -96,6 +107,7 @@ pub struct BpfDriver {
     restore: (AdoptReport, LinkRestore),
     last_ct_gc: Instant,
     ct: CtGc,
+    status_handle: BpfStatusHandle,
 }
 
 impl BpfDriver {
@@ -146,6 +158,7 @@ impl BpfDriver {
                 restore: (adopted, links),
                 last_ct_gc: Instant::now(),
                 ct: CtGc::default(),
+                status_handle: BpfStatusHandle::default(),
             },
             state,
         ))
@@ -166,11 +179,27 @@ impl BpfDriver {
             blocks,
             rules,
             set_entries: self.syncer.num_set_entries(),
-            conntrack: self.ct,
+            conntrack_deleted: self.ct.deleted,
+            conntrack_entries: self.ct.live,
             restored_endpoints: self.restore.0.endpoints,
             restored_interfaces: self.restore.1.interfaces,
             programs_replaced: self.restore.1.programs_replaced,
         }
+    }
+
+    /// A shared view of [`BpfDriver::status`], refreshed after every write and
+    /// housekeeping, for a status server on another thread (as `NftStatsHandle`).
+    pub fn status_handle(&self) -> BpfStatusHandle {
+        self.status_handle.clone()
+    }
+
+    fn publish_status(&self) {
+        let st = self.status();
+        *self
+            .status_handle
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = st;
     }
 
     /// Runs one conntrack sweep now (housekeeping does every [`CT_GC_INTERVAL`]).
@@ -364,6 +393,7 @@ impl DataplaneDriver for BpfDriver {
         }
         self.write_interfaces();
         self.write_routes(false);
+        self.publish_status();
         let mut status = written?;
         status.extend(self.endpoint_statuses(batch));
         Ok(status)
@@ -396,6 +426,7 @@ impl DataplaneDriver for BpfDriver {
         }
         self.write_interfaces();
         self.write_routes(refresh);
+        self.publish_status();
         Ok(out)
     }
 }

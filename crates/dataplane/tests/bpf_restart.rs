@@ -309,6 +309,11 @@ fn a_restart_under_probing_drops_no_allowed_flow_admits_no_denied_one_and_keeps_
     );
     let gc = d2.ct_gc();
     assert!(gc.live >= 1, "{gc:?}");
+    assert_eq!(
+        d2.status_handle().get().endpoints,
+        3,
+        "published after the apply"
+    );
     // The connection established before the restart still carries data.
     in_ns(&client, move || {
         let mut s = established;

@@ -64,7 +64,9 @@ enum BpfCommand {
         /// The workload's host-side interface (in this network namespace).
         iface: String,
     },
-    /// Per-rule packet and byte counters (not recorded by this version).
+    /// Per-rule counters: packets and bytes of the new flows each rule decided (allowed or
+    /// denied), for every rule of every stored block. Established flows pass by conntrack
+    /// and are not counted again.
     Counters,
 }
 
@@ -392,11 +394,38 @@ fn run_inner(args: &BpfArgs, out: &mut impl Write) -> Result<u8, String> {
             }
         }
         BpfCommand::Counters => {
-            return Err(
-                "per-rule counters are not recorded by this version of the eBPF \
-                        dataplane (see crates/bpf/DESIGN.md)"
-                    .into(),
-            );
+            let rows = p.counters();
+            if json {
+                let v: Vec<Value> = rows
+                    .iter()
+                    .map(|c| {
+                        json!({"block": c.block, "rule": c.index, "packets": c.packets,
+                               "bytes": c.bytes, "match": rule_text(&c.rule)})
+                    })
+                    .collect();
+                w(out, Value::Array(v).to_string())?;
+            } else {
+                w(
+                    out,
+                    format!(
+                        "{:>6} {:>5} {:>10} {:>12}  RULE",
+                        "BLOCK", "RULE", "PACKETS", "BYTES"
+                    ),
+                )?;
+                for c in &rows {
+                    w(
+                        out,
+                        format!(
+                            "{:>6} {:>5} {:>10} {:>12}  {}",
+                            c.block,
+                            c.index,
+                            c.packets,
+                            c.bytes,
+                            rule_text(&c.rule)
+                        ),
+                    )?;
+                }
+            }
         }
     }
     Ok(0)

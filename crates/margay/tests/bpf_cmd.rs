@@ -162,11 +162,14 @@ fn a_populated_pin_dir_is_listed_as_tables_and_json() {
         serde_json::from_str::<serde_json::Value>(&run(&["conntrack", "-o", "json"])).unwrap(),
         serde_json::json!([])
     );
-    // Counters are not recorded yet: a clear error, not an empty table.
-    let out = margay()
-        .args(["bpf", "--pin-dir", pin.to_str().unwrap(), "counters"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not recorded"));
+    // Every rule of every block, with zero counts until traffic (tests/kernel.rs counts).
+    let counters = run(&["counters"]);
+    assert!(
+        counters.lines().any(|l| l.contains("allow proto tcp")
+            && l.split_whitespace().take(4).eq(["5", "0", "0", "0"])),
+        "{counters}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&run(&["counters", "-o", "json"])).unwrap();
+    assert_eq!(v[0]["block"], 5);
+    assert_eq!(v[0]["packets"], 0);
 }
