@@ -13,12 +13,33 @@ use margay_felix_config::Config;
 use super::StartError;
 use crate::dataplane_config::Encap;
 
-/// A driver, the model it keeps, and (Linux) its nftables counters.
-pub(super) type DriverParts = (
-    Box<dyn DataplaneDriver>,
-    Recording,
-    Option<margay_dataplane::nft_driver::NftStatsHandle>,
-);
+/// A driver, the model it keeps, and its own state for `felix status`.
+pub(super) type DriverParts = (Box<dyn DataplaneDriver>, Recording, Option<DriverStats>);
+
+/// The driver's own state, shared with the status server.
+#[derive(Debug, Clone)]
+pub(super) enum DriverStats {
+    /// The Linux driver's nftables counters.
+    Nft(margay_dataplane::nft_driver::NftStatsHandle),
+    /// The eBPF driver's state (programs, endpoints, blocks, conntrack).
+    Bpf(margay_dataplane::bpf_driver::BpfStatusHandle),
+}
+
+impl DriverStats {
+    pub(super) fn nft_json(&self) -> Option<serde_json::Value> {
+        match self {
+            DriverStats::Nft(h) => serde_json::to_value(&*h.lock()).ok(),
+            DriverStats::Bpf(_) => None,
+        }
+    }
+
+    pub(super) fn bpf_json(&self) -> Option<serde_json::Value> {
+        match self {
+            DriverStats::Bpf(h) => serde_json::to_value(h.get()).ok(),
+            DriverStats::Nft(_) => None,
+        }
+    }
+}
 
 /// The dataplane driver: the Linux one (nftables) unless `MARGAY_DATAPLANE=recording` asks for
 /// the recording driver (computes and records, programs nothing: tests and dry runs).
@@ -128,7 +149,7 @@ pub(super) fn make_driver(
                 "Starting the Linux dataplane driver: nftables table inet margay (nothing is \
                  written before the datastore is in sync)"
             );
-            Ok((Box::new(driver), recording, Some(stats)))
+            Ok((Box::new(driver), recording, Some(DriverStats::Nft(stats))))
         }
         other => Err(StartError::Fatal(format!(
             "MARGAY_DATAPLANE={other:?} is not a dataplane driver: use linux (the default) or recording"
@@ -191,7 +212,8 @@ fn make_bpf_driver(
         "Starting the eBPF dataplane driver (BPFEnabled): policy in BPF programs on the \
          workload interfaces (nothing is written before the datastore is in sync)"
     );
-    Ok((Box::new(driver), recording, None))
+    let stats = DriverStats::Bpf(driver.status_handle());
+    Ok((Box::new(driver), recording, Some(stats)))
 }
 
 /// Overrides where Felix writes the pod MTU (Calico's fixed `/var/lib/calico/mtu`): for tests
