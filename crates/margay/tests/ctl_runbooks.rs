@@ -1,6 +1,7 @@
 //! calicoctl's runbooks, run with the real binary against the embedded store: the IPAM-leak
 //! runbook (lock, `ipam check -o`, `ipam release --from-report`, unlock), `patch`, `version`,
-//! `ipam configure`, and `get` before anything is stored.
+//! `ipam configure`, `get` before anything is stored, and `datastore migrate` to the
+//! Kubernetes datastore (Felix computing the same policy before and after).
 #![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
 
 use std::collections::BTreeMap;
@@ -590,4 +591,252 @@ fn node_checksystem_and_diags() {
     let bundle_dir = Path::new(&tarball).parent().unwrap().to_path_buf();
     assert!(bundle_dir.starts_with(std::env::temp_dir()));
     std::fs::remove_dir_all(bundle_dir).unwrap();
+}
+
+/// Felix's policy for one endpoint as `margay felix status --json` shows it: each tier's name,
+/// default action and ingress/egress policies, in order.
+fn felix_tiers(
+    cluster: &Cluster,
+    env: &[(&str, &std::ffi::OsStr)],
+    host: &str,
+    tag: &str,
+) -> (Value, Vec<String>) {
+    use margay_testkit::roles::{Role, wait_until};
+    let socket = cluster.file(&format!("felix-{tag}.sock"));
+    let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("margay"));
+    c.env_clear()
+        .env("MARGAY_DATAPLANE", "recording")
+        .env("FELIX_FELIXHOSTNAME", host)
+        .env("FELIX_LOGFILEPATH", "none")
+        .env("FELIX_LOGSEVERITYSYS", "none")
+        .env("FELIX_HEALTHENABLED", "false")
+        .args(["felix", "run", "-c"])
+        .arg(cluster.file("no-felix.cfg"))
+        .arg("--status-socket")
+        .arg(&socket);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut felix = Role::spawn("felix", c, cluster.file(&format!("felix-{tag}.log")));
+    let endpoint = wait_until(
+        &format!("Felix on the {tag} datastore in sync with one endpoint"),
+        std::time::Duration::from_secs(60),
+        || {
+            felix.assert_running();
+            let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("margay"))
+                .env_clear()
+                .args(["felix", "status", "--json", "--status-socket"])
+                .arg(&socket)
+                .output()
+                .map_err(|e| e.to_string())?;
+            let st: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+            match st["endpoints"].as_array() {
+                Some(eps) if st["in_sync"] == true && eps.len() == 1 => Ok(eps[0].clone()),
+                _ => Err(st.to_string()),
+            }
+        },
+    );
+    felix.terminate().unwrap();
+    let profiles = endpoint["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect();
+    (endpoint["tiers"].clone(), profiles)
+}
+
+/// The migration's point: after `datastore migrate export` from the embedded store and
+/// `import` into a Kubernetes API server (whose pods are the workloads, as in the cluster
+/// being migrated), Felix on the Kubernetes datastore computes the same policy for the same
+/// workload as Felix did before: the same tiers, policies in the same order, the namespace's
+/// profile.
+#[test]
+fn felix_computes_the_same_policy_after_datastore_migrate() {
+    use margay_apiserver::{ApiServer, Gvr, ServerOptions};
+
+    let cluster = Cluster::new();
+    let resources = "\
+apiVersion: projectcalico.org/v3
+kind: Tier
+metadata: {name: security}
+spec: {order: 100}
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: security.quarantine}
+spec:
+  tier: security
+  order: 10
+  selector: quarantine == 'true'
+  types: [Ingress, Egress]
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: security.pass-db}
+spec:
+  tier: security
+  order: 20
+  selector: app == 'db'
+  ingress: [{action: Pass}]
+  types: [Ingress]
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkPolicy
+metadata: {name: db-from-web}
+spec:
+  order: 100
+  selector: app == 'db'
+  ingress:
+  - action: Allow
+    protocol: TCP
+    source: {selector: app == 'web'}
+    destination: {ports: [5432]}
+  types: [Ingress]
+---
+apiVersion: projectcalico.org/v3
+kind: NetworkPolicy
+metadata: {name: db-egress, namespace: prod}
+spec:
+  order: 200
+  selector: app == 'db'
+  egress: [{action: Allow, protocol: UDP, destination: {ports: [53]}}]
+  types: [Egress]
+---
+apiVersion: projectcalico.org/v3
+kind: Profile
+metadata: {name: kns.prod}
+spec:
+  labelsToApply: {pcns.projectcalico.org/name: prod}
+  ingress: [{action: Allow}]
+  egress: [{action: Allow}]
+---
+apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata:
+  name: n1-k8s-db--1-eth0
+  namespace: prod
+  labels: {app: db, projectcalico.org/namespace: prod, projectcalico.org/orchestrator: k8s}
+spec: {orchestrator: k8s, node: n1, pod: db-1, endpoint: eth0, interfaceName: cali0123456789a, ipNetworks: [10.77.0.5/32], profiles: [kns.prod]}
+";
+    let out = cluster
+        .margay()
+        .args(["ctl", "apply", "-f", "-"])
+        .write_stdin(resources)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let store = cluster.store();
+    let before = felix_tiers(
+        &cluster,
+        &[
+            ("DATASTORE_TYPE", "local".as_ref()),
+            ("DATASTORE_PATH", store.as_os_str()),
+        ],
+        "n1",
+        "embedded",
+    );
+    let names: Vec<&str> = before
+        .0
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["security", "default"], "{}", before.0);
+    assert_eq!(
+        before.0[0]["ingress"],
+        serde_json::json!(["security.pass-db"])
+    );
+    assert_eq!(before.0[1]["ingress"], serde_json::json!(["db-from-web"]));
+    assert_eq!(before.0[1]["egress"], serde_json::json!(["prod/db-egress"]));
+
+    // Migrate: the node keeps its name in Kubernetes.
+    cluster.ctl(&["datastore", "migrate", "lock"]);
+    let out = cluster.ctl(&[
+        "patch",
+        "node",
+        "n1",
+        "-p",
+        r#"{"spec":{"orchRefs":[{"nodeName":"n1","orchestrator":"k8s"}]}}"#,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = cluster.ctl(&["datastore", "migrate", "export"]);
+    assert!(out.status.success(), "{out:?}");
+    let file = cluster.file("cluster.migrate");
+    std::fs::write(&file, &out.stdout).unwrap();
+
+    // The Kubernetes cluster being migrated to: its node, namespace and pod exist already.
+    let api = ApiServer::start(ServerOptions {
+        calico_crds: true,
+        ..ServerOptions::default()
+    })
+    .unwrap();
+    let kubeconfig = cluster.file("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let s = api.store();
+    s.create(
+        Gvr::core("nodes"),
+        "",
+        serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}),
+    )
+    .unwrap();
+    s.create(
+        Gvr::core("namespaces"),
+        "",
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "prod"}}),
+    )
+    .unwrap();
+    s.create(
+        Gvr::core("pods"),
+        "prod",
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "db-1", "namespace": "prod", "labels": {"app": "db"},
+                         "annotations": {"cni.projectcalico.org/podIP": "10.77.0.5/32",
+                                         "cni.projectcalico.org/podIPs": "10.77.0.5/32",
+                                         "cni.projectcalico.org/containerID": "0123456789abcdef"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "postgres"}]},
+            "status": {"phase": "Running", "podIP": "10.77.0.5", "podIPs": [{"ip": "10.77.0.5"}]},
+        }),
+    )
+    .unwrap();
+    let kube = |args: &[&str]| -> Output {
+        Command::cargo_bin("margay")
+            .unwrap()
+            .env_clear()
+            .env("HOME", cluster.dir.path())
+            .env("DATASTORE_TYPE", "kubernetes")
+            .env("KUBECONFIG", &kubeconfig)
+            .timeout(std::time::Duration::from_secs(60))
+            .arg("ctl")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = kube(&[
+        "datastore",
+        "migrate",
+        "import",
+        "-f",
+        file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let out = kube(&["datastore", "migrate", "unlock"]);
+    assert!(out.status.success(), "{out:?}");
+
+    let after = felix_tiers(
+        &cluster,
+        &[
+            ("DATASTORE_TYPE", "kubernetes".as_ref()),
+            ("KUBECONFIG", kubeconfig.as_os_str()),
+        ],
+        "n1",
+        "kubernetes",
+    );
+    assert_eq!(
+        after.0, before.0,
+        "the same tiers and policies, in the same order"
+    );
+    assert!(after.1.contains(&"kns.prod".to_string()), "{:?}", after.1);
 }

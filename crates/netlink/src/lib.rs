@@ -12,6 +12,8 @@
 //!   kernel marks interrupted is repeated.
 //! - [`netns`]: running work on a thread inside another network namespace.
 //! - [`sysctl`]: settings under `/proc/sys`, read and written only where they differ.
+//! - [`nflog`]: the packets nftables `log group` rules hand to userspace, with the rule's
+//!   prefix (how a dataplane learns which rule decided a connection).
 //!
 //! A socket belongs to the network namespace of the thread that opened it, so open one per
 //! batch of work, on a thread in the namespace meant.
@@ -28,6 +30,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 mod addr;
 mod link;
 pub mod netns;
+pub mod nflog;
 mod route;
 pub mod socket;
 pub mod sysctl;

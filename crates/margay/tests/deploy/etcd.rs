@@ -3,7 +3,10 @@
 //!    kube-controllers mirrors the Kubernetes namespaces into etcd — each with the command line
 //!    and environment of its container, the API server double standing in for Kubernetes.
 
-use super::node::{assert_within_rbac, container, container_command, requests_since, seed_cluster};
+use super::node::{
+    assert_within_rbac, container, container_command, requests_since, seed_cluster,
+    start_felix_until_probes_pass,
+};
 use super::*;
 
 /// `margay ctl` against the test's etcd.
@@ -80,30 +83,7 @@ fn etcd_installation_runs_as_deployed() {
             d.join("felix.sock").display().to_string(),
         ),
     ]);
-    let mut c = container_command(&m, &felix_c, d, &felix_extra);
-    c.arg("-c").arg(d.join("no-felix.cfg"));
-    let mut felix = Role::spawn("felix", c, d.join("felix.log"));
-    for (what, argv) in felix_c.probe_argvs() {
-        wait_for(&format!("felix {what}: {argv:?}"), || {
-            felix.assert_running();
-            let mut c = margay(d);
-            c.args(&argv[1..]);
-            for (k, v) in felix_c
-                .env(&m)
-                .unwrap()
-                .into_iter()
-                .chain(felix_extra.iter().map(|(k, v)| (k.to_string(), v.clone())))
-            {
-                c.env(k, v);
-            }
-            let o = roles::run_within(c, WAIT);
-            if o.status.success() {
-                Ok(())
-            } else {
-                Err(format!("{}\nfelix log: {}", show(&o), felix.log()))
-            }
-        });
-    }
+    let felix = start_felix_until_probes_pass(&m, &felix_c, d, &felix_extra, &mut || {});
     let log = felix.log();
     assert!(log.contains("etcd"), "Felix names its datastore: {log}");
 

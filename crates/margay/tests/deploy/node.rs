@@ -152,6 +152,48 @@ pub(crate) fn container_command(
     cmd
 }
 
+/// Starts the DaemonSet's Felix container (with `extra` around it) and waits until the
+/// DaemonSet's own liveness and readiness probes pass; `alive` checks what Felix depends on.
+pub(crate) fn start_felix_until_probes_pass(
+    m: &Manifests,
+    felix_c: &Container<'_>,
+    d: &Path,
+    extra: &[(&str, String)],
+    alive: &mut dyn FnMut(),
+) -> Role {
+    let mut c = container_command(m, felix_c, d, extra);
+    c.arg("-c").arg(d.join("no-felix.cfg"));
+    let mut felix = Role::spawn("felix", c, d.join("felix.log"));
+    for (what, argv) in felix_c.probe_argvs() {
+        wait_for(&format!("felix {what}: {argv:?}"), || {
+            felix.assert_running();
+            alive();
+            let mut c = margay(d);
+            c.args(&argv[1..]);
+            for (k, v) in felix_c
+                .env(m)
+                .unwrap()
+                .into_iter()
+                .chain(extra.iter().map(|(k, v)| (k.to_string(), v.clone())))
+            {
+                c.env(k, v);
+            }
+            let o = roles::run_within(c, WAIT);
+            if o.status.success() {
+                Ok(())
+            } else {
+                let l = felix.log();
+                Err(format!(
+                    "{}\nfelix log tail: {}",
+                    show(&o),
+                    &l[l.len().saturating_sub(2000)..]
+                ))
+            }
+        });
+    }
+    felix
+}
+
 pub(crate) fn container<'a>(m: &'a Manifests, at: &str) -> Container<'a> {
     containers(m)
         .into_iter()
@@ -448,37 +490,9 @@ fn dataplane_and_typha_run_as_deployed_within_their_rbac() {
             d.join("felix.sock").display().to_string(),
         ),
     ];
-    let mut c = container_command(&m, &felix_c, d, &felix_extra);
-    c.arg("-c").arg(d.join("no-felix.cfg"));
-    let mut felix = Role::spawn("felix", c, d.join("felix.log"));
-    // The DaemonSet's own probes say when Felix is live and ready.
-    for (what, argv) in felix_c.probe_argvs() {
-        wait_for(&format!("felix {what}: {argv:?}"), || {
-            felix.assert_running();
-            typha.assert_running();
-            let mut c = margay(d);
-            c.args(&argv[1..]);
-            for (k, v) in felix_c
-                .env(&m)
-                .unwrap()
-                .into_iter()
-                .chain(felix_extra.iter().map(|(k, v)| (k.to_string(), v.clone())))
-            {
-                c.env(k, v);
-            }
-            let o = roles::run_within(c, WAIT);
-            if o.status.success() {
-                Ok(())
-            } else {
-                let l = felix.log();
-                Err(format!(
-                    "{}\nfelix log tail: {}",
-                    show(&o),
-                    &l[l.len().saturating_sub(2000)..]
-                ))
-            }
-        });
-    }
+    let mut felix = start_felix_until_probes_pass(&m, &felix_c, d, &felix_extra, &mut || {
+        typha.assert_running()
+    });
     let felix_log = felix.log();
     assert!(
         felix_log.contains(&format!("127.0.0.1:{typha_port}")),
