@@ -651,7 +651,7 @@ params! {
         "Log flow-log collector activity in full.";
     FlowLogsGoldmaneServer flow_logs_goldmane_server: String = "string", "", [], FlowLogs, "flowLogsGoldmaneServer", false,
         "Address of the flow server that receives flow logs.";
-    FlowLogsLocalReporter flow_logs_local_reporter: String = "oneof(Enabled,Disabled)", "Disabled", [], FlowLogs, "flowLogsLocalReporter", false,
+    FlowLogsLocalReporter flow_logs_local_reporter: String = "oneof(Enabled,Disabled)", "Disabled", [], FlowLogs, "flowLogsLocalReporter", true,
         "Report flows on a local unix socket.";
     FlowLogsPolicyEvaluationMode flow_logs_policy_evaluation_mode: String = "oneof(None,Continuous)", "Continuous", [], FlowLogs, "flowLogsPolicyEvaluationMode", false,
         "Keep re-evaluating active flows against policy changes (Continuous) or not (None).";

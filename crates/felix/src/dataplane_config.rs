@@ -108,6 +108,11 @@ pub fn nft_config(config: &Config, encap: Encap) -> Result<NftConfig, String> {
         },
         // Turned on by the driver once it knows the kernel has flowtables.
         flow_offload: false,
+        // FlowLogsLocalReporter: Felix keeps the flows for `margay flows` (the NFLOG rules
+        // are rendered only then, as Calico renders none with flow logs off).
+        flow_logs: config
+            .flow_logs_local_reporter
+            .eq_ignore_ascii_case("enabled"),
     })
 }
 

@@ -13,6 +13,8 @@ pub mod bootstrap;
 pub mod cli;
 pub mod daemon;
 pub mod dataplane_config;
+pub mod flows;
+pub mod flows_cli;
 pub mod health;
 pub mod inputs;
 pub mod metrics;

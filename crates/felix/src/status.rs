@@ -655,6 +655,7 @@ async fn write_http_json<W: tokio::io::AsyncWrite + Unpin>(
     use tokio::io::AsyncWriteExt;
     let reason = match code {
         200 => "OK",
+        400 => "Bad Request",
         404 => "Not Found",
         500 => "Internal Server Error",
         503 => "Service Unavailable",

@@ -199,27 +199,32 @@ fn shorten(full: &str) -> String {
     format!("{}{hash}_{}", &full[..head_end], &full[tail_start..])
 }
 
-/// The prefixes a dataplane rendered, and what each names.
+/// The prefixes a dataplane rendered, and what each names (with the rule's tier).
 #[derive(Debug, Clone, Default)]
 pub struct PrefixTable {
-    by_prefix: HashMap<String, RuleRef>,
+    by_prefix: HashMap<String, (RuleRef, String)>,
 }
 
 impl PrefixTable {
-    /// Records `rule`; returns the prefix to render for it.
-    pub fn insert(&mut self, rule: RuleRef) -> String {
+    /// Records `rule` of `tier`; returns the prefix to render for it.
+    pub fn insert(&mut self, rule: RuleRef, tier: &str) -> String {
         let p = rule.prefix();
-        self.by_prefix.insert(p.clone(), rule);
+        self.by_prefix.insert(p.clone(), (rule, tier.to_string()));
         p
     }
 
-    /// What a logged prefix names: the recorded rule, else what a full (unshortened) prefix
-    /// says by itself.
-    pub fn lookup(&self, prefix: &str) -> Option<RuleRef> {
-        self.by_prefix
-            .get(prefix)
-            .cloned()
-            .or_else(|| parse(prefix))
+    /// What a logged prefix names and its tier: the recorded rule, else what a full
+    /// (unshortened) prefix says by itself (the tier then known only for a tier's end).
+    pub fn lookup(&self, prefix: &str) -> Option<(RuleRef, String)> {
+        self.by_prefix.get(prefix).cloned().or_else(|| {
+            let r = parse(prefix)?;
+            let tier = match &r.origin {
+                Origin::EndOfTier { tier } => tier.clone(),
+                Origin::Profile { .. } | Origin::NoProfile => "__PROFILE__".to_string(),
+                Origin::Policy { .. } => String::new(),
+            };
+            Some((r, tier))
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -387,9 +392,9 @@ mod tests {
             "a shortened prefix cannot be read alone"
         );
         let mut t = PrefixTable::default();
-        let pa = t.insert(a.clone());
-        t.insert(b.clone());
-        assert_eq!(t.lookup(&pa), Some(a));
+        let pa = t.insert(a.clone(), "default");
+        t.insert(b.clone(), "default");
+        assert_eq!(t.lookup(&pa), Some((a, "default".to_string())));
         assert_eq!(t.len(), 2);
     }
 
@@ -428,8 +433,8 @@ mod tests {
             let p = r.prefix();
             prop_assert!(p.len() <= MAX_PREFIX);
             let mut t = PrefixTable::default();
-            t.insert(r.clone());
-            prop_assert_eq!(t.lookup(&p), Some(r.clone()));
+            t.insert(r.clone(), "t1");
+            prop_assert_eq!(t.lookup(&p), Some((r.clone(), "t1".to_string())));
             if p.len() < MAX_PREFIX {
                 prop_assert_eq!(parse(&p), Some(r));
             }

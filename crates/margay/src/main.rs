@@ -64,6 +64,9 @@ enum Role {
     /// The per-node policy daemon (like calico-node -felix): run it, see its status and its
     /// configuration.
     Felix(margay_felix::cli::FelixArgs),
+    /// The recent connections Felix saw on this node and the rule that decided each (like
+    /// `hubble observe`; needs FlowLogsLocalReporter=Enabled).
+    Flows(margay_felix::flows_cli::FlowsArgs),
     /// The CNI plugins (like calico / calico-ipam): install them, or see how they are used.
     Cni(margay_cni::cli::CniArgs),
     /// A real multi-node cluster on this machine, in network namespaces: the demo and the
@@ -184,6 +187,7 @@ fn main() -> ExitCode {
             margay_kube_controllers::cli::log_level_from_env()
         }
         Role::Felix(_)
+        | Role::Flows(_)
         | Role::Completion { .. }
         | Role::Man { .. }
         | Role::Cni(_)
@@ -230,6 +234,9 @@ fn main() -> ExitCode {
             margay_cni::cli::run_cni(cni, &mut io::stdout().lock(), &mut io::stderr().lock())
         }
         Role::Lab(lab) => margay_lab::run(lab, &mut io::stdout(), &mut io::stderr()),
+        Role::Flows(f) => {
+            margay_felix::flows_cli::run_flows(f, &mut io::stdout().lock(), &mut io::stderr())
+        }
         Role::Typha(typha) => margay_typha::cli::run_typha(typha, logs.file, &mut io::stdout()),
         Role::Confd(confd) => margay_confd::cli::run_confd(confd, &mut io::stderr()),
         Role::Bpf(b) => bpf_cmd::run(b, &mut io::stdout().lock(), &mut io::stderr().lock()),

@@ -779,3 +779,121 @@ fn felix_leaves_what_it_is_told_to_leave() {
     assert!(!code.success());
     assert!(nomtu.log().contains("RequireMTUFile"), "{}", nomtu.log());
 }
+
+/// Flow logs (FlowLogsLocalReporter=Enabled): a denied connection appears as a denied flow
+/// naming the end of the tier that refused it (`db-only-81` selects db but allows only 81 and
+/// 82), an allowed one names the policy rule that allowed it, and `margay flows` filters them
+/// and follows new ones within a second or so. With flow logs off no NFLOG rule is rendered.
+#[test]
+fn flow_logs_name_the_rule_that_decided_each_connection() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let env = setup("2");
+    env.apply("deny-db.yaml", DENY_DB);
+    let mut felix = env.start_felix("felix", &[("FELIX_FLOWLOGSLOCALREPORTER", "Enabled")]);
+    env.wait_in_sync(&mut felix);
+    assert!(
+        env.ruleset()
+            .contains("log prefix \"API0|np/prod/db-only-81\" group 1 snaplen 80")
+    );
+
+    let flows = |args: &[&str]| -> Vec<Value> {
+        let out = env
+            .margay()
+            .args(["flows", "-o", "json", "--status-socket"])
+            .arg(env.socket())
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    assert!(!env.tcp(WEB, env.pods[DB].1, 80, "2"), "db:80 is denied");
+    assert!(env.tcp(WEB, env.pods[DB].1, 81, "2"), "db:81 is allowed");
+    let denied = felix.wait_for("the denied flow", Duration::from_secs(10), || {
+        let f = flows(&["--denied"]);
+        match f.iter().find(|r| r["tuple"]["dst_port"] == 80) {
+            Some(r) => Ok(r.clone()),
+            None => Err(format!("{f:?}")),
+        }
+    });
+    assert_eq!(denied["action"], "deny", "{denied}");
+    assert_eq!(denied["source"]["name"], "web", "{denied}");
+    assert_eq!(denied["source"]["namespace"], "prod", "{denied}");
+    assert_eq!(denied["dest"]["name"], "db", "{denied}");
+    assert_eq!(denied["rule"]["origin"]["type"], "end-of-tier", "{denied}");
+    assert_eq!(
+        denied["policy"], "0|default|eot:default|deny|-1",
+        "{denied}"
+    );
+    assert_eq!(denied["reporter"], "dst");
+    let allowed = felix.wait_for("the allowed flow", Duration::from_secs(10), || {
+        let f = flows(&["--pod", "prod/db", "--policy", "db-only-81"]);
+        match f.iter().find(|r| r["tuple"]["dst_port"] == 81) {
+            Some(r) => Ok(r.clone()),
+            None => Err(format!("{f:?}")),
+        }
+    });
+    assert_eq!(allowed["action"], "allow", "{allowed}");
+    assert_eq!(
+        allowed["policy"], "0|default|np:prod/db-only-81|allow|0",
+        "{allowed}"
+    );
+    // The denied filter leaves the allowed flow out; other namespaces match nothing.
+    assert!(flows(&["--denied"]).iter().all(|r| r["action"] == "deny"));
+    assert!(flows(&["--namespace", "other"]).is_empty());
+
+    // --follow prints a connection made after it started.
+    let follower = env
+        .margay()
+        .args([
+            "flows",
+            "--follow",
+            "--until-seconds",
+            "6",
+            "--last",
+            "0",
+            "--status-socket",
+        ])
+        .arg(env.socket())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(!env.tcp(WEB, env.pods[DB].1, 80, "2"));
+    let out = follower.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|l| l.contains("prod/web")
+            && l.contains("prod/db")
+            && l.contains("DENIED")
+            && l.contains("end of tier default")),
+        "{text}"
+    );
+    drop(felix);
+
+    // Off (the default): no NFLOG statements, and `margay flows` says how to turn it on.
+    let mut felix = env.start_felix("felix-off", &[]);
+    env.wait_in_sync(&mut felix);
+    assert!(
+        !env.ruleset().contains(" group 1 "),
+        "flow logs rendered while off"
+    );
+    let out = env
+        .margay()
+        .args(["flows", "--status-socket"])
+        .arg(env.socket())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("FlowLogsLocalReporter"));
+}

@@ -150,6 +150,10 @@ pub struct NftConfig {
     /// NFTablesFlowTableOffload: established flows are offloaded to the flowtable
     /// [`FLOWTABLE`] (the driver declares it and adds the interfaces).
     pub flow_offload: bool,
+    /// Flow logs (FlowLogsLocalReporter): every verdict of a policy or profile rule, each
+    /// tier's end and each endpoint's final drop first hands the packet to NFLOG group 1
+    /// (ingress) or 2 (egress) with a prefix naming the rule (`margay_flows::RuleRef`).
+    pub flow_logs: bool,
 }
 
 impl Default for NftConfig {
@@ -173,6 +177,7 @@ impl Default for NftConfig {
             external_nodes: Vec::new(),
             service_loop: ServiceLoop::Drop,
             flow_offload: false,
+            flow_logs: false,
         }
     }
 }
@@ -718,10 +723,33 @@ fn tier_chain(
             ));
         }
     }
+    let end_log = |action: margay_flows::Action| -> String {
+        if !cfg.flow_logs {
+            return String::new();
+        }
+        let rule = margay_flows::RuleRef {
+            action,
+            direction: if ingress {
+                margay_flows::Direction::Ingress
+            } else {
+                margay_flows::Direction::Egress
+            },
+            origin: margay_flows::Origin::EndOfTier {
+                tier: tier.name.clone(),
+            },
+            rule_index: None,
+        };
+        format!("{} ", flow_log_statement(&rule))
+    };
     rules.push(match tier.default_action {
-        RuleAction::Pass => format!("meta mark set meta mark | {:#x} return", cfg.mark_pass),
+        RuleAction::Pass => format!(
+            "{}meta mark set meta mark | {:#x} return",
+            end_log(margay_flows::Action::Pass),
+            cfg.mark_pass
+        ),
         _ => format!(
-            "{} comment \"end of tier {}\"",
+            "{}{} comment \"end of tier {}\"",
+            end_log(margay_flows::Action::Deny),
             cfg.deny(),
             tier.name.replace('"', "")
         ),
@@ -813,8 +841,23 @@ fn endpoint_chains(
             rules.push(format!("meta mark and {:#x} != 0 return", cfg.mark_accept));
         }
     }
+    let final_log = if cfg.flow_logs {
+        let rule = margay_flows::RuleRef {
+            action: margay_flows::Action::Deny,
+            direction: if ingress {
+                margay_flows::Direction::Ingress
+            } else {
+                margay_flows::Direction::Egress
+            },
+            origin: margay_flows::Origin::NoProfile,
+            rule_index: None,
+        };
+        format!("{} ", flow_log_statement(&rule))
+    } else {
+        String::new()
+    };
     rules.push(format!(
-        "{deny} comment \"no policy or profile allowed the packet\""
+        "{final_log}{deny} comment \"no policy or profile allowed the packet\""
     ));
     out.push((
         main,

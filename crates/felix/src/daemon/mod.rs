@@ -263,6 +263,8 @@ struct Shared {
     recording: Recording,
     /// The nftables driver's counters and per-endpoint chains (Linux dataplane only).
     nft_stats: Option<driver::DriverStats>,
+    /// Flow logs (FlowLogsLocalReporter=Enabled, Linux dataplane).
+    flows: Option<Arc<crate::flows::FlowLogs>>,
     driver_name: &'static str,
     datastore: String,
     dp_in_sync: AtomicBool,
@@ -406,6 +408,9 @@ impl Daemon {
         started.blocks.abort();
         let _ = started.stop_servers.send(true);
         lock(&control.running).take();
+        if let Some(f) = &started.shared.flows {
+            f.stop();
+        }
         stop_status_server(status_server).await;
         lock(&started.shared.calc_tx).take();
         for s in started.servers.drain(..) {

@@ -374,6 +374,34 @@ pub(super) async fn startup(
         true,
         config.dataplane_watchdog_timeout,
     );
+    // Flow logs: only where nftables logs the verdicts (the Linux driver).
+    let flows = if config
+        .flow_logs_local_reporter
+        .eq_ignore_ascii_case("enabled")
+    {
+        if matches!(nft_stats, Some(super::driver::DriverStats::Nft(_))) {
+            match crate::flows::FlowLogs::start(&hostname, recording.clone()) {
+                Ok(f) => {
+                    tracing::info!(
+                        "Flow logs on (FlowLogsLocalReporter): `margay flows` reads them"
+                    );
+                    Some(f)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "Cannot read flow logs (NFLOG groups 1 and 2); continuing without them");
+                    None
+                }
+            }
+        } else {
+            tracing::warn!(
+                driver = driver_name,
+                "FlowLogsLocalReporter is Enabled but this dataplane driver does not log verdicts yet; no flow logs"
+            );
+            None
+        }
+    } else {
+        None
+    };
     let (reasons_tx, _) = (control.reasons.clone(), ());
     let shared = Arc::new(Shared {
         start: lock(&control.bootstrap).start(),
@@ -385,6 +413,7 @@ pub(super) async fn startup(
         config_json: Mutex::new(loaded.to_json()),
         recording,
         nft_stats,
+        flows,
         driver_name,
         datastore: ds_desc,
         dp_in_sync: AtomicBool::new(false),

@@ -169,6 +169,23 @@ async fn answer(shared: &Shared, what: &str) -> (u16, serde_json::Value) {
     if what == "config" {
         return (200, lock(&shared.config_json).clone());
     }
+    if what == "flows" || what.starts_with("flows?") {
+        let Some(flows) = &shared.flows else {
+            return err(
+                404,
+                "flow logs are off: set FlowLogsLocalReporter=Enabled \
+                 (FELIX_FLOWLOGSLOCALREPORTER=Enabled) on this node, with the nftables dataplane"
+                    .into(),
+            );
+        };
+        return match crate::flows::Query::parse(what) {
+            Ok(q) => match serde_json::to_value(flows.query(&q)) {
+                Ok(v) => (200, v),
+                Err(e) => err(500, format!("cannot encode the answer: {e}")),
+            },
+            Err(e) => err(400, e),
+        };
+    }
     if !REQUESTS.contains(&what) {
         return err(
             404,

@@ -160,6 +160,126 @@ pub fn render_rule(
     owner: &LogOwner<'_>,
     ingress: bool,
 ) -> Vec<String> {
+    render_rule_with(r, cfg, owner, ingress, None)
+}
+
+/// NFLOG group of flow logs for ingress rules (Calico's 1) and egress rules (2).
+pub const FLOW_LOG_GROUP_INGRESS: u16 = 1;
+pub const FLOW_LOG_GROUP_EGRESS: u16 = 2;
+/// Bytes of each logged packet handed to Felix: the headers, as Calico's `snaplen 80`.
+pub const FLOW_LOG_SNAPLEN: u16 = 80;
+
+/// The rule a flow-log prefix names for rule `index` of `owner` in one direction.
+pub fn flow_rule_ref(
+    owner: &LogOwner<'_>,
+    ingress: bool,
+    index: usize,
+    action: RuleAction,
+) -> Option<margay_flows::RuleRef> {
+    use margay_flows::{Action, Direction, Origin, RuleRef};
+    let action = match action {
+        RuleAction::Allow => Action::Allow,
+        RuleAction::Deny => Action::Deny,
+        RuleAction::Pass => Action::Pass,
+        RuleAction::Log => return None,
+    };
+    let origin = if owner.kind == "pro" {
+        Origin::Profile {
+            name: owner.name.to_string(),
+        }
+    } else {
+        Origin::Policy {
+            kind: owner.kind.to_string(),
+            namespace: owner.namespace.to_string(),
+            name: owner.name.to_string(),
+        }
+    };
+    Some(RuleRef {
+        action,
+        direction: if ingress {
+            Direction::Ingress
+        } else {
+            Direction::Egress
+        },
+        origin,
+        rule_index: u32::try_from(index).ok(),
+    })
+}
+
+/// Every flow-log prefix the renderer writes for `model`, with what each names: how Felix
+/// reads back the prefixes the kernel had to shorten.
+pub fn flow_prefix_table(model: &margay_calc::DataplaneModel) -> margay_flows::PrefixTable {
+    use margay_flows::{Action, Direction, Origin, RuleRef};
+    let mut t = margay_flows::PrefixTable::default();
+    let mut add_rules =
+        |owner: &LogOwner<'_>, inbound: &[ResolvedRule], outbound: &[ResolvedRule]| {
+            for (ingress, rules) in [(true, inbound), (false, outbound)] {
+                for (i, r) in rules.iter().enumerate() {
+                    if let Some(rule) = flow_rule_ref(owner, ingress, i, r.action) {
+                        let tier = if owner.kind == "pro" {
+                            "__PROFILE__"
+                        } else {
+                            owner.tier
+                        };
+                        t.insert(rule, tier);
+                    }
+                }
+            }
+        };
+    for (id, pol) in &model.policies {
+        add_rules(&LogOwner::policy(id), &pol.inbound, &pol.outbound);
+    }
+    for (id, prof) in &model.profiles {
+        add_rules(&LogOwner::profile(id), &prof.inbound, &prof.outbound);
+    }
+    for dir in [Direction::Ingress, Direction::Egress] {
+        for ep in model.workload_endpoints.values() {
+            for tier in &ep.tiers {
+                for action in [Action::Deny, Action::Pass] {
+                    let rule = RuleRef {
+                        action,
+                        direction: dir,
+                        origin: Origin::EndOfTier {
+                            tier: tier.name.clone(),
+                        },
+                        rule_index: None,
+                    };
+                    t.insert(rule, &tier.name);
+                }
+            }
+        }
+        let none = RuleRef {
+            action: Action::Deny,
+            direction: dir,
+            origin: Origin::NoProfile,
+            rule_index: None,
+        };
+        t.insert(none, "__PROFILE__");
+    }
+    t
+}
+
+/// The nft statement that hands a packet to Felix's flow logs, naming `rule`.
+pub fn flow_log_statement(rule: &margay_flows::RuleRef) -> String {
+    let group = match rule.direction {
+        margay_flows::Direction::Ingress => FLOW_LOG_GROUP_INGRESS,
+        margay_flows::Direction::Egress => FLOW_LOG_GROUP_EGRESS,
+    };
+    // Prefixes are made of names Calico allows (no quotes); strip any to stay parseable.
+    format!(
+        "log prefix \"{}\" group {group} snaplen {FLOW_LOG_SNAPLEN}",
+        rule.prefix().replace(['"', '\\'], "")
+    )
+}
+
+/// [`render_rule`], with `flow_log` (a [`flow_log_statement`]) before the verdict.
+pub fn render_rule_with(
+    r: &ResolvedRule,
+    cfg: &NftConfig,
+    owner: &LogOwner<'_>,
+    ingress: bool,
+    flow_log: Option<&str>,
+) -> Vec<String> {
     let mut families: Vec<u8> = match r.ip_version {
         Some(4) => vec![4],
         Some(6) => vec![6],
@@ -196,6 +316,10 @@ pub fn render_rule(
                 log_prefix(&cfg.log_prefix, owner)
             )
         }
+    };
+    let action = match flow_log {
+        Some(log) if r.action != RuleAction::Log => format!("{log} {action}"),
+        _ => action,
     };
     let mut out = Vec::new();
     for family in families {
@@ -256,7 +380,15 @@ pub(super) fn rules_chain(
         base: None,
         rules: rules
             .iter()
-            .flat_map(|r| render_rule(r, cfg, owner, ingress))
+            .enumerate()
+            .flat_map(|(i, r)| {
+                let log = cfg
+                    .flow_logs
+                    .then(|| flow_rule_ref(owner, ingress, i, r.action))
+                    .flatten()
+                    .map(|rule| flow_log_statement(&rule));
+                render_rule_with(r, cfg, owner, ingress, log.as_deref())
+            })
             .map(NftRule::new)
             .collect(),
     }

@@ -667,3 +667,91 @@ fn flow_offload_adds_the_flowtable_rule_first() {
         "add flowtable inet margay ft { hook ingress priority filter; devices = { \"cali1\", \"eth0\" }; }"
     );
 }
+
+#[test]
+fn flow_logs_name_every_verdict_with_calicos_prefixes() {
+    let cfg = NftConfig {
+        flow_logs: true,
+        ..NftConfig::default()
+    };
+    let mut model = DataplaneModel::default();
+    let id = PolicyId {
+        tier: "default".into(),
+        namespace: "shop".into(),
+        name: "allow-web".into(),
+    };
+    model.policies.insert(
+        id.clone(),
+        Arc::new(ResolvedPolicy {
+            inbound: vec![
+                allow(Some(6), &[(80, 80)]),
+                rule(RuleAction::Deny, None, &[]),
+                rule(RuleAction::Log, None, &[]),
+            ],
+            ..ResolvedPolicy::default()
+        }),
+    );
+    let st = base(&cfg, &model);
+    let pol = texts(&st.chains[&policy_chain(&id, true)]);
+    assert!(
+        pol[0].ends_with(
+            "log prefix \"API0|np/shop/allow-web\" group 1 snaplen 80 meta mark set meta mark | 0x10000 accept"
+        ),
+        "{pol:?}"
+    );
+    // (Each rule is one line per family.)
+    assert!(
+        pol[2].ends_with("log prefix \"DPI1|np/shop/allow-web\" group 1 snaplen 80 drop"),
+        "{pol:?}"
+    );
+    // A Log rule keeps its own log statement only.
+    assert!(!pol[4].contains("group 1"), "{pol:?}");
+    let tier = TierInfo {
+        name: "default".into(),
+        default_action: RuleAction::Deny,
+        ingress_policies: vec![id.clone()],
+        egress_policies: vec![id.clone()],
+    };
+    let (ids, map) = rendered(&cfg, &[("p", vec![allow(None, &[])])]);
+    let tier_rules = texts(&tier_chain(&tier, &ids, false, &cfg, &map));
+    assert!(
+        tier_rules
+            .last()
+            .unwrap()
+            .starts_with("log prefix \"DPE|default\" group 2 snaplen 80 drop"),
+        "{tier_rules:?}"
+    );
+    let egress = ep_rules(&cfg, false, &map, vec![tier.clone()]);
+    assert!(
+        egress
+            .last()
+            .unwrap()
+            .starts_with("log prefix \"DRE\" group 2 snaplen 80 drop"),
+        "{egress:?}"
+    );
+    // Off (the default): no flow-log statements at all.
+    let plain = base(&NftConfig::default(), &model);
+    assert!(
+        plain
+            .chains
+            .values()
+            .flat_map(texts)
+            .all(|r| !r.contains(" group ")),
+        "flow logs rendered while off"
+    );
+    // Felix's table names every prefix rendered.
+    model.workload_endpoints.insert(
+        WorkloadEndpointId {
+            orchestrator: "k8s".into(),
+            workload: "shop/w".into(),
+            endpoint: "eth0".into(),
+        },
+        Arc::new(workload("cali1", vec![tier])),
+    );
+    let table = flow_prefix_table(&model);
+    let (rule, tier_name) = table.lookup("API0|np/shop/allow-web").unwrap();
+    assert_eq!(tier_name, "default");
+    assert_eq!(rule.rule_index, Some(0));
+    assert!(table.lookup("DPE|default").is_some());
+    assert!(table.lookup("DRI").is_some());
+}

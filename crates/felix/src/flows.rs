@@ -1,0 +1,297 @@
+//! Flow logs (FlowLogsLocalReporter=Enabled): the packets the nftables rules hand to NFLOG
+//! groups 1 (ingress) and 2 (egress), turned into flow records naming the rule that decided,
+//! kept in a bounded ring that `margay flows` reads over the status socket.
+//!
+//! Threads: one reader per group (bounded reads of 200 ms so they stop promptly) and a
+//! flusher that closes the aggregation interval every second (a flow is visible ≤ 1 s after
+//! its first packet). Everything is bounded: per interval at most [`MAX_FLOWS`] flows (what
+//! is shed is counted), the ring [`Ring::DEFAULT_CAPACITY`] flows, a query [`MAX_ANSWER`].
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use margay_dataplane::Recording;
+use margay_dataplane::nft::render::{
+    FLOW_LOG_GROUP_EGRESS, FLOW_LOG_GROUP_INGRESS, FLOW_LOG_SNAPLEN,
+};
+use margay_flows::{Aggregator, Filter, Numbered, Observation, Peer, PrefixTable, Ring};
+use margay_netlink::nflog::{Nflog, NflogPacket};
+use serde::{Deserialize, Serialize};
+
+/// New flows kept per one-second interval (a flood beyond is shed and counted).
+pub const MAX_FLOWS: usize = 10_000;
+/// Most flows one answer carries.
+pub const MAX_ANSWER: usize = 4095;
+/// How often the rule table and the address map are rebuilt from the dataplane model, at
+/// most (on a prefix or address not known yet).
+const REFRESH: Duration = Duration::from_secs(1);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// What the rule table and address map were built from, and when.
+struct Lookup {
+    table: PrefixTable,
+    peers: HashMap<IpAddr, Peer>,
+    built: Option<Instant>,
+}
+
+/// The running flow collector.
+pub struct FlowLogs {
+    recording: Recording,
+    lookup: Mutex<Lookup>,
+    aggregator: Mutex<Aggregator>,
+    ring: Mutex<Ring>,
+    stop: AtomicBool,
+    unknown_prefixes: AtomicU64,
+    overruns: AtomicU64,
+}
+
+/// A `flows` request: `flows?last=20&after=5&denied=1&namespace=shop&pod=web&policy=x`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Query {
+    pub last: usize,
+    pub after: Option<u64>,
+    pub filter: Filter,
+}
+
+impl Query {
+    /// Parses the request line (`flows` with an optional `?key=value&…`).
+    pub fn parse(request: &str) -> Result<Query, String> {
+        let mut q = Query {
+            last: 20,
+            ..Query::default()
+        };
+        let Some((_, params)) = request.split_once('?') else {
+            return Ok(q);
+        };
+        for pair in params.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let text = || Some(v.to_string()).filter(|v| !v.is_empty());
+            match k {
+                "last" => {
+                    q.last = v
+                        .parse::<usize>()
+                        .map_err(|_| format!("last={v:?} is not a number"))?
+                        .min(MAX_ANSWER)
+                }
+                "after" => {
+                    q.after = Some(
+                        v.parse()
+                            .map_err(|_| format!("after={v:?} is not a number"))?,
+                    )
+                }
+                "denied" => q.filter.denied = matches!(v, "" | "1" | "true"),
+                "namespace" => q.filter.namespace = text(),
+                "pod" => q.filter.pod = text(),
+                "policy" => q.filter.policy = text(),
+                other => {
+                    return Err(format!(
+                        "unknown flows parameter {other:?}; use last, after, denied, namespace, pod, policy"
+                    ));
+                }
+            }
+        }
+        Ok(q)
+    }
+}
+
+/// The answer to a `flows` request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Answer {
+    pub flows: Vec<Numbered>,
+    /// Ask `after=<next_seq - 1>` to follow.
+    pub next_seq: u64,
+    /// Logged packets seen, and those shed because an interval was full.
+    pub packets_seen: u64,
+    pub packets_shed: u64,
+    /// Datagrams the kernel could not queue for Felix (NFLOG buffer overruns).
+    pub overruns: u64,
+    /// Packets whose prefix named no rule Felix rendered.
+    pub unknown_prefixes: u64,
+}
+
+impl FlowLogs {
+    /// Binds the two NFLOG groups in Felix's network namespace and starts the threads.
+    pub fn start(node: &str, recording: Recording) -> std::io::Result<Arc<FlowLogs>> {
+        let ingress = Nflog::bind(FLOW_LOG_GROUP_INGRESS, FLOW_LOG_SNAPLEN)?;
+        let egress = Nflog::bind(FLOW_LOG_GROUP_EGRESS, FLOW_LOG_SNAPLEN)?;
+        let logs = Arc::new(FlowLogs {
+            recording,
+            lookup: Mutex::new(Lookup {
+                table: PrefixTable::default(),
+                peers: HashMap::new(),
+                built: None,
+            }),
+            aggregator: Mutex::new(Aggregator::new(node, MAX_FLOWS)),
+            ring: Mutex::new(Ring::new(Ring::DEFAULT_CAPACITY)),
+            stop: AtomicBool::new(false),
+            unknown_prefixes: AtomicU64::new(0),
+            overruns: AtomicU64::new(0),
+        });
+        for (name, mut sock) in [("flows-ingress", ingress), ("flows-egress", egress)] {
+            let l = logs.clone();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    let mut seen_overruns = 0;
+                    while !l.stop.load(Ordering::Relaxed) {
+                        match sock.recv(Duration::from_millis(200)) {
+                            Ok(packets) => {
+                                for p in packets {
+                                    l.observe(&p);
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, group = sock.group(), "reading flow logs failed; stopping this reader");
+                                return;
+                            }
+                        }
+                        let o = sock.overruns();
+                        if o > seen_overruns {
+                            l.overruns.fetch_add(o - seen_overruns, Ordering::Relaxed);
+                            seen_overruns = o;
+                        }
+                    }
+                })?;
+        }
+        let l = logs.clone();
+        std::thread::Builder::new()
+            .name("flows-flush".into())
+            .spawn(move || {
+                while !l.stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_secs(1));
+                    l.flush();
+                }
+            })?;
+        Ok(logs)
+    }
+
+    /// Stops the threads (within a read timeout).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Rebuilds the rule table and the address map from the dataplane's model.
+    fn rebuild(&self, lookup: &mut Lookup) {
+        let rec = self.recording.lock();
+        let model = &rec.model;
+        lookup.table = margay_dataplane::nft::render::flow_prefix_table(model);
+        lookup.peers.clear();
+        for (id, ep) in &model.workload_endpoints {
+            let (namespace, name) = match id.workload.split_once('/') {
+                Some((ns, pod)) => (ns.to_string(), pod.to_string()),
+                None => (ep.namespace.clone(), id.workload.clone()),
+            };
+            for net in ep.ipv4_nets.iter().chain(&ep.ipv6_nets) {
+                lookup.peers.insert(
+                    net.addr(),
+                    Peer {
+                        kind: "wep".into(),
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        labels: Vec::new(),
+                    },
+                );
+            }
+        }
+        lookup.built = Some(Instant::now());
+    }
+
+    fn observe(&self, p: &NflogPacket) {
+        let Some(tuple) = margay_flows::tuple(&p.payload) else {
+            return;
+        };
+        let mut lookup = lock(&self.lookup);
+        let stale = lookup.built.is_none_or(|t| t.elapsed() >= REFRESH);
+        let known = lookup.table.lookup(&p.prefix).is_some()
+            && lookup.peers.contains_key(&tuple.src) | lookup.peers.contains_key(&tuple.dst);
+        if stale && !known {
+            self.rebuild(&mut lookup);
+        }
+        let Some((rule, tier)) = lookup.table.lookup(&p.prefix) else {
+            self.unknown_prefixes.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let peer = |ip: IpAddr| {
+            lookup
+                .peers
+                .get(&ip)
+                .cloned()
+                .unwrap_or_else(|| Peer::network(ip))
+        };
+        let o = Observation {
+            at_ms: now_ms(),
+            tuple,
+            bytes: p.payload.len() as u64,
+            rule,
+            tier,
+            source: peer(tuple.src),
+            dest: peer(tuple.dst),
+        };
+        drop(lookup);
+        lock(&self.aggregator).observe(o);
+    }
+
+    /// Closes the interval: its flows go to the ring.
+    pub fn flush(&self) {
+        let flows = lock(&self.aggregator).flush();
+        if !flows.is_empty() {
+            lock(&self.ring).push(flows);
+        }
+    }
+
+    pub fn query(&self, q: &Query) -> Answer {
+        let ring = lock(&self.ring);
+        let flows = match q.after {
+            Some(seq) => ring.after(seq, MAX_ANSWER, &q.filter),
+            None => ring.last(q.last, &q.filter),
+        };
+        let (seen, shed) = lock(&self.aggregator).counts();
+        Answer {
+            flows,
+            next_seq: ring.next_seq(),
+            packets_seen: seen,
+            packets_shed: shed,
+            overruns: self.overruns.load(Ordering::Relaxed),
+            unknown_prefixes: self.unknown_prefixes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_parse_and_bad_ones_say_why() {
+        let q = Query::parse("flows").unwrap();
+        assert_eq!(q.last, 20);
+        let q = Query::parse("flows?denied=1&namespace=shop&pod=shop/web&policy=allow&after=7")
+            .unwrap();
+        assert!(q.filter.denied);
+        assert_eq!(q.filter.namespace.as_deref(), Some("shop"));
+        assert_eq!(q.filter.pod.as_deref(), Some("shop/web"));
+        assert_eq!(q.filter.policy.as_deref(), Some("allow"));
+        assert_eq!(q.after, Some(7));
+        assert_eq!(Query::parse("flows?last=99999").unwrap().last, MAX_ANSWER);
+        assert!(Query::parse("flows?last=x").unwrap_err().contains("last"));
+        assert!(
+            Query::parse("flows?color=red")
+                .unwrap_err()
+                .contains("unknown")
+        );
+    }
+}
