@@ -26,7 +26,11 @@ struct MapsOnly(BpfMaps, Vec<String>);
 impl Kernel for MapsOnly {
     type Error = margay_bpf::loader::KernelError;
     fn interfaces(&self) -> Vec<(String, u32)> {
-        Vec::new()
+        self.1
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), 1000 + i as u32))
+            .collect()
     }
     fn ifindex(&self, iface: &str) -> Option<u32> {
         self.1
@@ -211,6 +215,30 @@ fn main() {
         "IP-set membership change: p50 {:?}, p99 {:?} (whole-model compile and diff included)",
         pct(&mut times, 0.5),
         pct(&mut times, 0.99)
+    );
+    // A restart: a new loader and syncer adopt what the maps hold, then the first sync.
+    let names = k.1.clone();
+    drop(k);
+    drop(s);
+    let t = Instant::now();
+    let mut maps = BpfMaps::load(dir.path()).unwrap();
+    let restored = maps.take_restored();
+    let mut k = MapsOnly(maps, names);
+    let mut s = Syncer::default();
+    let a = s.adopt(restored, &k);
+    let adopted = t.elapsed();
+    let r = s.sync(&m, &mut k).unwrap();
+    println!(
+        "restart: load+verify+adopt {adopted:?} ({} endpoints, {} blocks, {} rules read), \
+         in sync after {:?} (first sync: {} rules in {} blocks, {} steps, {} endpoints flipped)",
+        a.endpoints,
+        a.blocks,
+        a.rules,
+        t.elapsed(),
+        r.rules_written,
+        r.blocks_flipped,
+        r.steps_written,
+        r.endpoints_flipped
     );
     drop(k);
     let _ = std::process::Command::new("umount")
