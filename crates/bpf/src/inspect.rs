@@ -26,6 +26,37 @@ pub enum InspectError {
     Map { path: String, reason: String },
 }
 
+/// Removes a pin directory margay made: its link pins first (nothing else holds a TCX link,
+/// so the programs detach), then its map pins (the maps are freed once no program uses
+/// them), then the directory. For switching the eBPF dataplane off (`BPFEnabled=false`,
+/// `margay bpf cleanup`): otherwise the programs would go on enforcing the last rules.
+/// Only names margay pins are removed; returns how many pins went. A missing directory is
+/// nothing to do.
+pub fn remove_pins(dir: &Path) -> std::io::Result<usize> {
+    if !dir.is_dir() {
+        return Ok(0);
+    }
+    let mut n = 0;
+    let links = dir.join("links");
+    if let Ok(entries) = std::fs::read_dir(&links) {
+        for e in entries.filter_map(Result::ok) {
+            std::fs::remove_file(e.path())?;
+            n += 1;
+        }
+        std::fs::remove_dir(&links)?;
+    }
+    for e in std::fs::read_dir(dir)?.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("mgy_") {
+            std::fs::remove_file(e.path())?;
+            n += 1;
+        }
+    }
+    // Left in place when something else lives there.
+    let _ = std::fs::remove_dir(dir);
+    Ok(n)
+}
+
 /// One hook's attachment, from its link pin.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LinkPin {

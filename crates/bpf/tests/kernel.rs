@@ -292,6 +292,19 @@ fn programs_enforce_fail_closed_ports_replies_and_an_atomic_flip() {
         drop(k);
     });
     assert!(tcp(&t, 0, 1, 80), "swept: traffic flows again");
+    // Switching the dataplane off: removing the pins detaches the programs.
+    in_ns(&t.node, || {
+        let mut k = BpfMaps::load(&fs.path().join("nodea")).unwrap();
+        program(&mut k, "calib0", 40, [allow_all(), allow_tcp_port(81)]);
+    });
+    assert!(
+        !tcp(&t, 0, 1, 80),
+        "the pinned programs enforce with nobody running"
+    );
+    let n = margay_bpf::inspect::remove_pins(&fs.path().join("nodea")).unwrap();
+    assert!(n >= 2 + 7, "two link pins and the maps: {n}");
+    assert!(!fs.path().join("nodea").exists());
+    assert!(tcp(&t, 0, 1, 80), "no program left: traffic flows");
 }
 
 /// The largest rule the limits allow, `MAX_RULES` times; the packet matches none until the

@@ -64,6 +64,9 @@ enum BpfCommand {
         /// The workload's host-side interface (in this network namespace).
         iface: String,
     },
+    /// Detach the programs and remove the pinned maps (switching the eBPF dataplane off;
+    /// Felix does it itself when it starts with BPFEnabled=false). Stop Felix first.
+    Cleanup,
     /// Per-rule counters: packets and bytes of the new flows each rule decided (allowed or
     /// denied), for every rule of every stored block. Established flows pass by conntrack
     /// and are not counted again.
@@ -218,6 +221,17 @@ pub fn run(args: BpfArgs, out: &mut impl Write, err: &mut impl Write) -> u8 {
 
 fn run_inner(args: &BpfArgs, out: &mut impl Write) -> Result<u8, String> {
     let dir = pin_dir(args);
+    if let BpfCommand::Cleanup = args.command {
+        if !dir.is_dir() {
+            return Err(
+                margay_bpf::inspect::InspectError::NoPinDir(dir.display().to_string()).to_string(),
+            );
+        }
+        let n = margay_bpf::inspect::remove_pins(&dir)
+            .map_err(|e| format!("removing the pins in {}: {e}", dir.display()))?;
+        writeln!(out, "removed {n} pins from {}", dir.display()).map_err(|e| e.to_string())?;
+        return Ok(0);
+    }
     let p = Pinned::open(&dir).map_err(|e| e.to_string())?;
     let json = args.output == Output::Json;
     let w = |out: &mut dyn Write, s: String| writeln!(out, "{s}").map_err(|e| e.to_string());
@@ -393,6 +407,7 @@ fn run_inner(args: &BpfArgs, out: &mut impl Write) -> Result<u8, String> {
                 }
             }
         }
+        BpfCommand::Cleanup => {}
         BpfCommand::Counters => {
             let rows = p.counters();
             if json {

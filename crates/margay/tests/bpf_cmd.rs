@@ -172,4 +172,13 @@ fn a_populated_pin_dir_is_listed_as_tables_and_json() {
     let v: serde_json::Value = serde_json::from_str(&run(&["counters", "-o", "json"])).unwrap();
     assert_eq!(v[0]["block"], 5);
     assert_eq!(v[0]["packets"], 0);
+    // Switching off: every map pin goes (nothing was attached here), then the directory.
+    let gone = run(&["cleanup"]);
+    assert!(gone.starts_with("removed 7 pins"), "{gone}");
+    assert!(!pin.exists());
+    let out = margay()
+        .args(["bpf", "--pin-dir", pin.to_str().unwrap(), "cleanup"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "nothing to clean: said so");
 }

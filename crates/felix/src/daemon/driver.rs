@@ -119,6 +119,29 @@ pub(super) fn make_driver(
                 default_rp_filter,
                 refresh_interval: config.interface_refresh_interval,
             };
+            if !config.bpf_enabled {
+                // A previous run with BPFEnabled=true left its programs pinned on the
+                // workload interfaces: they would go on enforcing its last rules.
+                let dir = match env.get(ENV_BPF_PIN_DIR) {
+                    Some(d) => PathBuf::from(d),
+                    None => margay_bpf::loader::pin_dir_for(
+                        std::path::Path::new("/sys/fs/bpf/margay"),
+                        hostname,
+                    ),
+                };
+                match margay_bpf::inspect::remove_pins(&dir) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(
+                        pin_dir = %dir.display(),
+                        pins = n,
+                        "BPFEnabled is false: removed the eBPF dataplane's programs and maps left by a previous run"
+                    ),
+                    Err(e) => tracing::warn!(
+                        pin_dir = %dir.display(),
+                        "BPFEnabled is false but the eBPF dataplane's pins could not be removed: {e} (remove them with margay bpf cleanup)"
+                    ),
+                }
+            }
             if config.bpf_enabled {
                 return make_bpf_driver(
                     env,
