@@ -475,6 +475,31 @@ pub struct FelixConfigurationSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub flow_logs_local_reporter: Option<String>,
+    /// Calico Enterprise's flow log file settings, which margay also reads.
+    #[serde(
+        rename = "flowLogsFileEnabled",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub flow_logs_file_enabled: Option<bool>,
+    #[serde(
+        rename = "flowLogsFileDirectory",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub flow_logs_file_directory: Option<String>,
+    #[serde(
+        rename = "flowLogsFileMaxFiles",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub flow_logs_file_max_files: Option<i64>,
+    #[serde(
+        rename = "flowLogsFileMaxFileSizeMB",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub flow_logs_file_max_file_size_mb: Option<i64>,
     #[serde(
         rename = "flowLogsPolicyEvaluationMode",
         default,

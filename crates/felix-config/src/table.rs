@@ -645,7 +645,7 @@ params! {
         "Inbound `proto:cidr:port` entries (protocol and CIDR optional) always allowed to host endpoints.";
     FailsafeOutboundHostPorts failsafe_outbound_host_ports: Vec<ProtoPort> = "port-list", "udp:53,udp:67,tcp:179,tcp:2379,tcp:2380,tcp:5473,tcp:6443,tcp:6666,tcp:6667", [DieOnFail], Common, "failsafeOutboundHostPorts", false,
         "Outbound `proto:cidr:port` entries (protocol and CIDR optional) always allowed from host endpoints.";
-    FlowLogsFlushInterval flow_logs_flush_interval: Duration = "seconds", "300", [], FlowLogs, "flowLogsFlushInterval", false,
+    FlowLogsFlushInterval flow_logs_flush_interval: Duration = "seconds", "300", [], FlowLogs, "flowLogsFlushInterval", true,
         "How often flow logs are exported.";
     FlowLogsCollectorDebugTrace flow_logs_collector_debug_trace: bool = "bool", "false", [], FlowLogs, "flowLogsCollectorDebugTrace", false,
         "Log flow-log collector activity in full.";
@@ -655,6 +655,14 @@ params! {
         "Report flows on a local unix socket.";
     FlowLogsPolicyEvaluationMode flow_logs_policy_evaluation_mode: String = "oneof(None,Continuous)", "Continuous", [], FlowLogs, "flowLogsPolicyEvaluationMode", false,
         "Keep re-evaluating active flows against policy changes (Continuous) or not (None).";
+    FlowLogsFileEnabled flow_logs_file_enabled: bool = "bool", "false", [], FlowLogs, "flowLogsFileEnabled", true,
+        "Write flow logs as JSON lines to FlowLogsFileDirectory/flows.log (a Calico Enterprise setting margay also reads).";
+    FlowLogsFileDirectory flow_logs_file_directory: String = "string", "/var/log/calico/flowlogs", [], FlowLogs, "flowLogsFileDirectory", true,
+        "Directory of the flow log file (Calico Enterprise setting).";
+    FlowLogsFileMaxFiles flow_logs_file_max_files: i64 = "int(1,1000)", "5", [], FlowLogs, "flowLogsFileMaxFiles", true,
+        "Flow log files kept, the current one included (Calico Enterprise setting).";
+    FlowLogsFileMaxFileSizeMB flow_logs_file_max_file_size_mb: i64 = "int(1,100000)", "100", [], FlowLogs, "flowLogsFileMaxFileSizeMB", true,
+        "Size at which the flow log file is rotated, in MB (Calico Enterprise setting).";
     KubeNodePortRanges kube_node_port_ranges: Vec<PortRange> = "portrange-list", "30000:32767", [], Iptables, "kubeNodePortRanges", false,
         "Service node-port ranges (used with kube-proxy in IPVS mode).";
     NATPortRange nat_port_range: Option<PortRange> = "portrange", "", [], Common, "natPortRange", true,

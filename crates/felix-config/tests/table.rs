@@ -8,8 +8,9 @@ use margay_felix_config::{AssumeFilesExist, Config, Group, Kind, PARAMS, ParamId
 
 #[test]
 fn every_calico_parameter_is_in_the_table_once() {
-    // Calico's Config struct has 218 tagged fields.
-    assert_eq!(PARAMS.len(), 218);
+    // Calico's Config struct has 218 tagged fields; margay also reads Calico Enterprise's
+    // four flow-log file settings (FlowLogsFile*).
+    assert_eq!(PARAMS.len(), 218 + 4);
     assert_eq!(ParamId::ALL.len(), PARAMS.len());
     let mut names = BTreeSet::new();
     let mut fields = BTreeSet::new();
@@ -302,13 +303,13 @@ fn every_felixconfiguration_field_maps_to_one_parameter() {
             p.v3_field
         );
     }
-    // 187 parameters can be set in a FelixConfiguration; the other 31 are local, node or
-    // cluster identity, or debug-only.
+    // 187 of Calico's parameters can be set in a FelixConfiguration (the other 31 are local,
+    // node or cluster identity, or debug-only), and the four FlowLogsFile* margay adds.
     assert_eq!(
         PARAMS.iter().filter(|p| !p.v3_field.is_empty()).count(),
-        187
+        187 + 4
     );
-    assert_eq!(fields.len(), 188);
+    assert_eq!(fields.len(), 188 + 4);
 }
 
 #[test]

@@ -112,7 +112,8 @@ pub fn nft_config(config: &Config, encap: Encap) -> Result<NftConfig, String> {
         // are rendered only then, as Calico renders none with flow logs off).
         flow_logs: config
             .flow_logs_local_reporter
-            .eq_ignore_ascii_case("enabled"),
+            .eq_ignore_ascii_case("enabled")
+            || config.flow_logs_file_enabled,
     })
 }
 

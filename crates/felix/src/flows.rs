@@ -47,11 +47,26 @@ struct Lookup {
     built: Option<Instant>,
 }
 
+/// FlowLogsFile*: flows also written as JSON lines, aggregated over FlowLogsFlushInterval.
+#[derive(Debug, Clone)]
+pub struct FileSink {
+    pub path: std::path::PathBuf,
+    pub rotation: margay_logging::Rotation,
+    pub interval: Duration,
+}
+
 /// The running flow collector.
 pub struct FlowLogs {
     recording: Recording,
     lookup: Mutex<Lookup>,
     aggregator: Mutex<Aggregator>,
+    /// The file's own interval (None: no file).
+    file: Option<(Mutex<Aggregator>, Mutex<margay_logging::LogFile>)>,
+    file_errors: AtomicU64,
+    /// Logged packets per rule (bounded by the rules rendered: only known prefixes count).
+    per_rule: Mutex<HashMap<margay_flows::RuleRef, u64>>,
+    /// Denied flows by the namespace of the endpoint whose policy denied them.
+    denied_by_namespace: Mutex<std::collections::BTreeMap<String, u64>>,
     ring: Mutex<Ring>,
     stop: AtomicBool,
     unknown_prefixes: AtomicU64,
@@ -107,6 +122,17 @@ impl Query {
     }
 }
 
+/// What /metrics says of flow logs.
+#[derive(Debug, Clone, Default)]
+pub struct FlowCounters {
+    pub packets: u64,
+    pub shed: u64,
+    pub overruns: u64,
+    pub unknown_prefixes: u64,
+    pub per_rule: Vec<(margay_flows::RuleRef, u64)>,
+    pub denied_by_namespace: std::collections::BTreeMap<String, u64>,
+}
+
 /// The answer to a `flows` request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Answer {
@@ -123,11 +149,37 @@ pub struct Answer {
 }
 
 impl FlowLogs {
-    /// Binds the two NFLOG groups in Felix's network namespace and starts the threads.
-    pub fn start(node: &str, recording: Recording) -> std::io::Result<Arc<FlowLogs>> {
+    /// Binds the two NFLOG groups in Felix's network namespace and starts the threads
+    /// (and opens the flow log file, with `file`).
+    pub fn start(
+        node: &str,
+        recording: Recording,
+        file: Option<FileSink>,
+    ) -> std::io::Result<Arc<FlowLogs>> {
+        let sink = match &file {
+            Some(f) => Some((
+                Mutex::new(Aggregator::new(node, MAX_FLOWS)),
+                Mutex::new(
+                    margay_logging::LogFile::open(&f.path, f.rotation).map_err(|e| {
+                        std::io::Error::new(
+                            e.kind(),
+                            format!("cannot open the flow log file {}: {e}", f.path.display()),
+                        )
+                    })?,
+                ),
+            )),
+            None => None,
+        };
+        let file_interval = file
+            .as_ref()
+            .map(|f| f.interval.max(Duration::from_secs(1)));
         let ingress = Nflog::bind(FLOW_LOG_GROUP_INGRESS, FLOW_LOG_SNAPLEN)?;
         let egress = Nflog::bind(FLOW_LOG_GROUP_EGRESS, FLOW_LOG_SNAPLEN)?;
         let logs = Arc::new(FlowLogs {
+            file: sink,
+            file_errors: AtomicU64::new(0),
+            per_rule: Mutex::new(HashMap::new()),
+            denied_by_namespace: Mutex::new(std::collections::BTreeMap::new()),
             recording,
             lookup: Mutex::new(Lookup {
                 table: PrefixTable::default(),
@@ -170,10 +222,19 @@ impl FlowLogs {
         std::thread::Builder::new()
             .name("flows-flush".into())
             .spawn(move || {
+                let mut file_due = file_interval.map(|i| Instant::now() + i);
                 while !l.stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_secs(1));
                     l.flush();
+                    if let (Some(due), Some(i)) = (file_due, file_interval)
+                        && Instant::now() >= due
+                    {
+                        l.flush_file();
+                        file_due = Some(due + i);
+                    }
                 }
+                // What the last interval holds is not lost on a clean stop.
+                l.flush_file();
             })?;
         Ok(logs)
     }
@@ -224,6 +285,7 @@ impl FlowLogs {
             self.unknown_prefixes.fetch_add(1, Ordering::Relaxed);
             return;
         };
+        *lock(&self.per_rule).entry(rule.clone()).or_default() += 1;
         let peer = |ip: IpAddr| {
             lookup
                 .peers
@@ -241,14 +303,75 @@ impl FlowLogs {
             dest: peer(tuple.dst),
         };
         drop(lookup);
+        if let Some((agg, _)) = &self.file {
+            lock(agg).observe(o.clone());
+        }
         lock(&self.aggregator).observe(o);
+    }
+
+    /// Writes the file interval's flows, one JSON object per line.
+    pub fn flush_file(&self) {
+        let Some((agg, file)) = &self.file else {
+            return;
+        };
+        let flows = lock(agg).flush();
+        let mut file = lock(file);
+        for f in flows {
+            let mut line = serde_json::to_string(&f).unwrap_or_default();
+            line.push('\n');
+            if let Err(e) = file.write_line(line.as_bytes())
+                && self.file_errors.fetch_add(1, Ordering::Relaxed) == 0
+            {
+                tracing::error!(error = %e, path = %file.path().display(), "cannot write the flow log file (further errors are only counted)");
+            }
+        }
     }
 
     /// Closes the interval: its flows go to the ring.
     pub fn flush(&self) {
         let flows = lock(&self.aggregator).flush();
-        if !flows.is_empty() {
-            lock(&self.ring).push(flows);
+        if flows.is_empty() {
+            return;
+        }
+        {
+            let mut by_ns = lock(&self.denied_by_namespace);
+            for f in flows.iter().filter(|f| f.denied()) {
+                // The endpoint whose policy decided: the destination for ingress.
+                let end = if f.reporter == "dst" {
+                    &f.dest
+                } else {
+                    &f.source
+                };
+                let ns = if end.kind == "wep" {
+                    end.namespace.as_str()
+                } else {
+                    "-"
+                };
+                // At most 1000 namespaces as labels; the rest are counted together.
+                let key = if by_ns.contains_key(ns) || by_ns.len() < 1000 {
+                    ns.to_string()
+                } else {
+                    "(other)".to_string()
+                };
+                *by_ns.entry(key).or_default() += 1;
+            }
+        }
+        lock(&self.ring).push(flows);
+    }
+
+    /// Logged packets per rule, denied flows per namespace, and the totals (for /metrics).
+    pub fn counters(&self) -> FlowCounters {
+        let (seen, shed) = lock(&self.aggregator).counts();
+        FlowCounters {
+            packets: seen,
+            shed,
+            overruns: self.overruns.load(Ordering::Relaxed),
+            unknown_prefixes: self.unknown_prefixes.load(Ordering::Relaxed),
+            per_rule: lock(&self.per_rule)
+                .iter()
+                .map(|(r, n)| (r.clone(), *n))
+                .collect(),
+            denied_by_namespace: lock(&self.denied_by_namespace).clone(),
         }
     }
 

@@ -60,9 +60,106 @@ pub struct Metrics {
     // margay's own.
     pub invalid_resources: CounterVec,
     bootstrap_phases: Phases,
+    flow_logs: FlowMetrics,
     /// PrometheusProcessMetricsEnabled: also export the process's own metrics.
     pub process_metrics: Arc<AtomicBool>,
     registry: Registry,
+}
+
+/// Flow-log counters, once flow logs run (nothing is exported while they are off).
+type FlowSource = Arc<dyn Fn() -> crate::flows::FlowCounters + Send + Sync>;
+
+#[derive(Clone, Default)]
+struct FlowMetrics(Arc<Mutex<Option<FlowSource>>>);
+
+impl std::fmt::Debug for FlowMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FlowMetrics")
+    }
+}
+
+impl Collector for FlowMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::metrics::counter::ConstCounter;
+        let Some(source) = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            return Ok(());
+        };
+        let c = source();
+        for (name, help, value) in [
+            (
+                "felix_nflog_logs_received",
+                "Packets the flow-log rules handed to Felix (NFLOG).",
+                c.packets,
+            ),
+            (
+                "felix_nflog_buffer_overruns",
+                "Batches of logged packets the kernel dropped because Felix's buffer was full.",
+                c.overruns,
+            ),
+            (
+                "felix_flow_logs_shed",
+                "Logged packets of new flows not kept because an interval was full (margay).",
+                c.shed,
+            ),
+            (
+                "felix_flow_logs_unknown_prefix",
+                "Logged packets whose prefix named no rule Felix rendered (margay).",
+                c.unknown_prefixes,
+            ),
+        ] {
+            let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(m)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "felix_policy_rule_packets",
+            "Logged packets per policy or profile rule that decided them: an allowed connection's first packet, every denied packet (margay).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (rule, n) in &c.per_rule {
+            let (policy, tier) = match &rule.origin {
+                margay_flows::Origin::Policy {
+                    kind,
+                    namespace,
+                    name,
+                } => (
+                    if namespace.is_empty() {
+                        format!("{kind}/{name}")
+                    } else {
+                        format!("{kind}/{namespace}/{name}")
+                    },
+                    String::new(),
+                ),
+                margay_flows::Origin::Profile { name } => (format!("pro/{name}"), String::new()),
+                margay_flows::Origin::EndOfTier { tier } => ("end-of-tier".into(), tier.clone()),
+                margay_flows::Origin::NoProfile => ("no-profile".into(), String::new()),
+            };
+            let labels = [
+                ("policy", policy),
+                ("tier", tier),
+                (
+                    "rule",
+                    rule.rule_index.map_or("-1".into(), |i| i.to_string()),
+                ),
+                ("action", format!("{:?}", rule.action).to_ascii_lowercase()),
+                (
+                    "direction",
+                    format!("{:?}", rule.direction).to_ascii_lowercase(),
+                ),
+            ];
+            ConstCounter::new(*n).encode(m.encode_family(&labels)?)?;
+        }
+        let mut m = encoder.encode_descriptor(
+            "felix_denied_flows",
+            "Denied flows by the namespace of the endpoint whose policy denied them (margay).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (ns, n) in &c.denied_by_namespace {
+            ConstCounter::new(*n).encode(m.encode_family(&[("namespace", ns.as_str())])?)?;
+        }
+        Ok(())
+    }
 }
 
 /// The start-up phases' durations, in the order they ran (a gauge family rendered in that
@@ -221,6 +318,8 @@ impl Metrics {
         );
         let bootstrap_phases = Phases::default();
         r.register_collector(Box::new(bootstrap_phases.clone()));
+        let flow_logs = FlowMetrics::default();
+        r.register_collector(Box::new(flow_logs.clone()));
         let process = ProcessCollector::new();
         let process_metrics = process.enabled.clone();
         r.register_collector(Box::new(process));
@@ -247,9 +346,19 @@ impl Metrics {
             dataplane_initial_resync_time,
             invalid_resources,
             bootstrap_phases,
+            flow_logs,
             process_metrics,
             registry: r,
         }
+    }
+
+    /// Flow logs started: /metrics exports their counters from now on.
+    pub fn set_flow_logs(&self, flows: Arc<crate::flows::FlowLogs>) {
+        self.set_flow_counters(Arc::new(move || flows.counters()));
+    }
+
+    fn set_flow_counters(&self, source: FlowSource) {
+        *self.flow_logs.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(source);
     }
 
     /// Updates the gauges that mirror the calculation graph's counts.
@@ -295,6 +404,42 @@ impl margay_daemon_http::Exposition for Metrics {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn flow_counters_are_exported_once_flow_logs_run() {
+        let m = Metrics::new("n1", false);
+        assert!(!m.render().contains("felix_policy_rule_packets"));
+        m.set_flow_counters(Arc::new(|| crate::flows::FlowCounters {
+            packets: 7,
+            shed: 1,
+            overruns: 0,
+            unknown_prefixes: 0,
+            per_rule: vec![(
+                margay_flows::RuleRef {
+                    action: margay_flows::Action::Allow,
+                    direction: margay_flows::Direction::Ingress,
+                    origin: margay_flows::Origin::Policy {
+                        kind: "np".into(),
+                        namespace: "prod".into(),
+                        name: "web".into(),
+                    },
+                    rule_index: Some(0),
+                },
+                5,
+            )],
+            denied_by_namespace: [("prod".to_string(), 2)].into_iter().collect(),
+        }));
+        let text = m.render();
+        assert!(text.contains("felix_nflog_logs_received_total 7"), "{text}");
+        assert!(
+            text.contains("felix_policy_rule_packets_total{policy=\"np/prod/web\",tier=\"\",rule=\"0\",action=\"allow\",direction=\"ingress\"} 5"),
+            "{text}"
+        );
+        assert!(
+            text.contains("felix_denied_flows_total{namespace=\"prod\"} 2"),
+            "{text}"
+        );
+    }
 
     /// Every sample line parses as `name{labels} value` and every family has HELP and TYPE.
     fn check_exposition(text: &str) {

@@ -792,7 +792,20 @@ fn flow_logs_name_the_rule_that_decided_each_connection() {
     }
     let env = setup("2");
     env.apply("deny-db.yaml", DENY_DB);
-    let mut felix = env.start_felix("felix", &[("FELIX_FLOWLOGSLOCALREPORTER", "Enabled")]);
+    let flow_dir = env.node.file("flowlogs");
+    let mut felix = env.start_felix(
+        "felix",
+        &[
+            ("FELIX_FLOWLOGSLOCALREPORTER", "Enabled"),
+            // The JSON-lines file too, flushed every second.
+            ("FELIX_FLOWLOGSFILEENABLED", "true"),
+            ("FELIX_FLOWLOGSFILEDIRECTORY", flow_dir.to_str().unwrap()),
+            ("FELIX_FLOWLOGSFLUSHINTERVAL", "1"),
+            ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
+            ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),
+            ("FELIX_PROMETHEUSMETRICSPORT", "9091"),
+        ],
+    );
     env.wait_in_sync(&mut felix);
     assert!(
         env.ruleset()
@@ -847,6 +860,51 @@ fn flow_logs_name_the_rule_that_decided_each_connection() {
     assert_eq!(
         allowed["policy"], "0|default|np:prod/db-only-81|allow|0",
         "{allowed}"
+    );
+    // The file has them as JSON lines.
+    let file_flows = felix.wait_for("the flow log file", Duration::from_secs(10), || {
+        let text =
+            std::fs::read_to_string(flow_dir.join("flows.log")).map_err(|e| e.to_string())?;
+        let recs: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if recs.iter().any(|r| r["action"] == "deny") && recs.iter().any(|r| r["action"] == "allow")
+        {
+            Ok(recs)
+        } else {
+            Err(text)
+        }
+    });
+    assert!(
+        file_flows.iter().all(|r| r["node"] == NODE),
+        "{file_flows:?}"
+    );
+    // Per-rule and per-namespace counters on /metrics (inside the node's namespace).
+    let ns_file = std::fs::File::open(format!("/var/run/netns/{}", env.ns().name())).unwrap();
+    let metrics = margay_netlink::netns::run_in(&ns_file, || {
+        margay_testkit::roles::http_get(9091, "/metrics")
+            .map(|(_, body)| body)
+            .ok_or_else(|| std::io::Error::other("no answer from /metrics"))
+    })
+    .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("felix_policy_rule_packets_total{")
+                && l.contains("policy=\"np/prod/db-only-81\"")
+                && l.contains("action=\"allow\"")),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("felix_denied_flows_total{namespace=\"prod\"}")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("felix_nflog_logs_received_total "),
+        "{metrics}"
     );
     // The denied filter leaves the allowed flow out; other namespaces match nothing.
     assert!(flows(&["--denied"]).iter().all(|r| r["action"] == "deny"));

@@ -375,16 +375,30 @@ pub(super) async fn startup(
         config.dataplane_watchdog_timeout,
     );
     // Flow logs: only where nftables logs the verdicts (the Linux driver).
+    let file_sink = config
+        .flow_logs_file_enabled
+        .then(|| crate::flows::FileSink {
+            path: std::path::Path::new(&config.flow_logs_file_directory).join("flows.log"),
+            rotation: margay_logging::Rotation {
+                max_bytes: u64::try_from(config.flow_logs_file_max_file_size_mb)
+                    .unwrap_or(100)
+                    .saturating_mul(1_000_000),
+                keep: u32::try_from(config.flow_logs_file_max_files - 1).unwrap_or(4),
+            },
+            interval: config.flow_logs_flush_interval,
+        });
     let flows = if config
         .flow_logs_local_reporter
         .eq_ignore_ascii_case("enabled")
+        || file_sink.is_some()
     {
         if matches!(nft_stats, Some(super::driver::DriverStats::Nft(_))) {
-            match crate::flows::FlowLogs::start(&hostname, recording.clone()) {
+            match crate::flows::FlowLogs::start(&hostname, recording.clone(), file_sink) {
                 Ok(f) => {
                     tracing::info!(
-                        "Flow logs on (FlowLogsLocalReporter): `margay flows` reads them"
+                        "Flow logs on (FlowLogsLocalReporter / FlowLogsFileEnabled): `margay flows` reads them"
                     );
+                    metrics.set_flow_logs(f.clone());
                     Some(f)
                 }
                 Err(e) => {
