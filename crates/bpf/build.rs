@@ -13,6 +13,8 @@ fn main() {
         let obj = out.join(format!("{prog}.o"));
         let result = Command::new(&clang)
             .args(["-O2", "-g", "-Wall", "-Werror", "-target", "bpf"])
+            // v3: 32-bit atomics (conntrack flags), jmp32; kernels since 5.1.
+            .arg("-mcpu=v3")
             .args(["-I/usr/include/x86_64-linux-gnu", "-c", &src, "-o"])
             .arg(&obj)
             .output();

@@ -14,11 +14,12 @@
 #define MAX_SETS 4      // positive or negative IP-set references per rule side
 #define MAX_NAMED 4     // named-port sets per rule side (each list)
 #define MAX_PORTS 8     // port ranges per rule side (each list)
-#define MAX_RULES 4096  // rules per endpoint and direction (bpf_loop bound)
+#define MAX_RULES 4096  // steps per endpoint and direction: rules evaluated + blocks entered
+			// (the bpf_loop bound)
 
 #define ACT_ALLOW 0
 #define ACT_DENY 1
-#define ACT_PASS 2 // jump to `jump` (start of the next tier / profile)
+#define ACT_PASS 2 // continue at the step's pass_to (the next tier / profile)
 #define ACT_LOG 3  // no output yet: evaluation continues
 
 #define F_PROTO 0x01
@@ -27,6 +28,9 @@
 #define F_ICMP_CODE 0x08
 #define F_NOT_ICMP_TYPE 0x10
 #define F_NOT_ICMP_CODE 0x20
+
+#define STEP_BLOCK 0 // evaluate a block of rules
+#define STEP_DENY 1  // a tier's default deny
 
 #define HOOK_FROM_WL 0 // tc ingress: the workload's egress policy
 #define HOOK_TO_WL 1   // tc egress: the workload's ingress policy
@@ -53,7 +57,7 @@ struct rule {
 	__u8 proto;
 	__u8 not_proto;
 	__u8 icmp_type, icmp_code, not_icmp_type, not_icmp_code;
-	__u32 jump; // ACT_PASS: index of the next rule to evaluate
+	__u32 jump; // unused (Pass targets are per endpoint, in the step)
 	__u32 pad;
 	struct side src;
 	struct side dst;
@@ -64,7 +68,21 @@ struct rule_key {
 	__u32 idx;
 };
 
-// One endpoint: the rule slot and rule count per hook. Replaced by one map write (the flip).
+// One step of an endpoint hook's list.
+struct step {
+	__u32 kind;
+	__u32 block;   // STEP_BLOCK: the block to evaluate
+	__u32 pass_to; // a Pass rule in the block continues at this step
+};
+
+// Where a block's rules are: replaced by one map write when its policy changes (every
+// endpoint using the policy sees the new rules at once).
+struct block {
+	__u32 slot;
+	__u32 count;
+};
+
+// One endpoint: the step slot and step count per hook. Replaced by one map write (the flip).
 struct endpoint {
 	__u32 slot[2];
 	__u32 count[2];
@@ -92,9 +110,32 @@ struct ct_key {
 	__u8 pad[2];
 };
 
+// Conntrack states (flags, only ever set) and their idle timeouts, as Calico's BPF
+// defaults; mirrored by layout.rs, whose garbage collector applies the same table.
+#define CT_REPLY_SEEN 0x01 // the other direction answered: TCP established
+#define CT_FIN_FWD 0x02
+#define CT_FIN_REV 0x04
+#define CT_RST 0x08
+
+#define SEC_NS 1000000000ULL
+#define CT_TCP_SYN_SENT (20 * SEC_NS)
+#define CT_TCP_ESTABLISHED (3600 * SEC_NS)
+#define CT_TCP_FINS_SEEN (30 * SEC_NS)
+#define CT_TCP_RESET_SEEN (40 * SEC_NS)
+#define CT_UDP (60 * SEC_NS)
+#define CT_ICMP (5 * SEC_NS)
+#define CT_GENERIC (600 * SEC_NS)
+
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_ACK 0x10
+
 struct ct_val {
 	__u64 last_seen_ns;
-	__u64 created_ns;
+	__u32 flags;
+	__u8 proto;
+	__u8 pad[3];
 };
 
 struct {
@@ -114,6 +155,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mgy_rules SEC(".maps");
 
+// Endpoint step lists, keyed like rules: {step slot, index}.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct rule_key);
+	__type(value, struct step);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_steps SEC(".maps");
+
+// Blocks (one per policy or profile and hook, one per endpoint for its own guards).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, __u32);
+	__type(value, struct block);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_blocks SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__type(key, struct ipset_key);
@@ -131,20 +192,43 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mgy_ct SEC(".maps");
 
+// Per-rule counters, keyed like the rules ({rule slot, index}): packets and bytes of the new
+// flows the rule decided (Allow or Deny). Per CPU: no atomics on the packet path; userspace
+// sums. An entry goes with its rule (a changed policy's rules are new ones, counted afresh).
+struct counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__type(key, struct rule_key);
+	__type(value, struct counter);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_counters SEC(".maps");
+
 struct pkt {
 	__u32 saddr, daddr;
 	__u16 sport, dport; // network order; 0 without ports
 	__u8 proto;
 	__u8 icmp_type, icmp_code;
 	__u8 has_ports;
+	__u8 tcp_flags;
 };
 
 struct eval {
 	struct pkt *p;
-	__u32 slot;
-	__u32 next;  // the next rule index to evaluate
-	__u32 count;
-	int verdict; // -1: none yet
+	__u32 ep_slot;   // the endpoint hook's step list
+	__u32 nsteps;
+	__u32 step;      // the next step to enter
+	__u32 blk_slot;  // the block being evaluated
+	__u32 blk_count;
+	__u32 rule;      // the next rule of that block
+	__u32 pass_to;
+	int verdict;     // -1: none yet
+	int decided;     // a rule decided: (blk_slot, rule) is it
 };
 
 static __always_inline int in_set(__u32 id, __u32 addr)
@@ -237,37 +321,81 @@ static __always_inline int rule_matches(const struct rule *r, const struct pkt *
 	return 1;
 }
 
+// One loop iteration: enter the next step (a block or a deny), or evaluate one rule of the
+// current block. A block entry is read once per packet and step, so a packet evaluates a
+// policy's old rules or its new ones, whole.
 static long eval_step(__u32 i, void *data)
 {
 	struct eval *e = data;
 	(void)i;
-	if (e->next >= e->count || e->next >= MAX_RULES)
+	if (e->rule >= e->blk_count) {
+		if (e->step >= e->nsteps || e->step >= MAX_RULES)
+			return 1; // the end of the list: no verdict, default deny
+		struct rule_key sk = {.slot = e->ep_slot, .idx = e->step};
+		struct step *s = bpf_map_lookup_elem(&mgy_steps, &sk);
+		if (!s || s->kind != STEP_BLOCK) {
+			// A tier's default deny, or a hole (a bug or a torn write): fail closed.
+			e->verdict = TC_ACT_SHOT;
+			return 1;
+		}
+		__u32 id = s->block;
+		struct block *b = bpf_map_lookup_elem(&mgy_blocks, &id);
+		if (!b) {
+			e->verdict = TC_ACT_SHOT;
+			return 1;
+		}
+		e->blk_slot = b->slot;
+		e->blk_count = b->count;
+		e->rule = 0;
+		e->pass_to = s->pass_to;
+		e->step++;
+		return 0;
+	}
+	if (e->rule >= MAX_RULES) {
+		e->verdict = TC_ACT_SHOT;
 		return 1;
-	struct rule_key k = {.slot = e->slot, .idx = e->next};
+	}
+	struct rule_key k = {.slot = e->blk_slot, .idx = e->rule};
 	struct rule *r = bpf_map_lookup_elem(&mgy_rules, &k);
 	if (!r) {
-		// A hole in a slot is a bug or a torn write: fail closed.
 		e->verdict = TC_ACT_SHOT;
 		return 1;
 	}
 	if (!rule_matches(r, e->p)) {
-		e->next++;
+		e->rule++;
 		return 0;
 	}
 	switch (r->action) {
 	case ACT_ALLOW:
 		e->verdict = TC_ACT_OK;
+		e->decided = 1;
 		return 1;
 	case ACT_PASS:
-		// Only forward jumps: evaluation always ends within count steps.
-		e->next = r->jump > e->next ? r->jump : e->next + 1;
+		// Only forward: evaluation always ends within the loop bound.
+		if (e->pass_to > e->step)
+			e->step = e->pass_to;
+		e->rule = e->blk_count;
 		return 0;
 	case ACT_LOG:
-		e->next++;
+		e->rule++;
 		return 0;
 	default:
 		e->verdict = TC_ACT_SHOT;
+		e->decided = 1;
 		return 1;
+	}
+}
+
+static __always_inline void count_rule(struct eval *e, __u32 len)
+{
+	struct rule_key k = {.slot = e->blk_slot, .idx = e->rule};
+	struct counter *c = bpf_map_lookup_elem(&mgy_counters, &k);
+	if (c) {
+		c->packets++;
+		c->bytes += len;
+	} else {
+		struct counter n = {.packets = 1, .bytes = len};
+		bpf_map_update_elem(&mgy_counters, &k, &n, BPF_NOEXIST);
 	}
 }
 
@@ -287,7 +415,17 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	if (later_frag)
 		return 0;
 	switch (ip.protocol) {
-	case IPPROTO_TCP:
+	case IPPROTO_TCP: {
+		__u8 h[14];
+		if (bpf_skb_load_bytes(skb, l4, h, sizeof(h)) < 0)
+			return -1;
+		// Ports stay in network order, as the other protocols' are.
+		__builtin_memcpy(&p->sport, &h[0], 2);
+		__builtin_memcpy(&p->dport, &h[2], 2);
+		p->tcp_flags = h[13];
+		p->has_ports = 1;
+		break;
+	}
 	case IPPROTO_UDP:
 	case IPPROTO_SCTP:
 	case IPPROTO_UDPLITE: {
@@ -317,6 +455,26 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	return 0;
 }
 
+static __always_inline __u64 ct_timeout(__u8 proto, __u32 flags)
+{
+	switch (proto) {
+	case IPPROTO_TCP:
+		if (flags & CT_RST)
+			return CT_TCP_RESET_SEEN;
+		if ((flags & (CT_FIN_FWD | CT_FIN_REV)) == (CT_FIN_FWD | CT_FIN_REV))
+			return CT_TCP_FINS_SEEN;
+		if (flags & CT_REPLY_SEEN)
+			return CT_TCP_ESTABLISHED;
+		return CT_TCP_SYN_SENT;
+	case IPPROTO_UDP:
+		return CT_UDP;
+	case IPPROTO_ICMP:
+		return CT_ICMP;
+	default:
+		return CT_GENERIC;
+	}
+}
+
 static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 {
 	if (skb->protocol == bpf_htons(ETH_P_ARP))
@@ -336,19 +494,31 @@ static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 	struct ct_key fwd = {.ifindex = ifindex, .saddr = p.saddr, .daddr = p.daddr,
 			     .sport = p.sport, .dport = p.dport, .proto = p.proto, .hook = hook};
 	struct ct_val *cv = bpf_map_lookup_elem(&mgy_ct, &fwd);
+	int reply = 0;
 	if (!cv) {
 		// A reply: the reverse flow was judged on this interface by the other hook.
 		struct ct_key rev = {.ifindex = ifindex, .saddr = p.daddr, .daddr = p.saddr,
 				     .sport = p.dport, .dport = p.sport, .proto = p.proto,
 				     .hook = hook ^ 1};
 		cv = bpf_map_lookup_elem(&mgy_ct, &rev);
+		reply = 1;
 	}
-	if (cv) {
-		// Coarse timeouts: an entry idle for longer than 1 h (TCP) / 60 s (others) is
-		// stale and the packet is judged again.
-		__u64 idle = p.proto == IPPROTO_TCP ? 3600ULL * 1000000000ULL : 60ULL * 1000000000ULL;
-		if (now - cv->last_seen_ns <= idle) {
+	// A TCP SYN (without ACK) never reuses a closing or closed flow's entry: the new
+	// connection on the same ports is judged by policy.
+	int syn = p.proto == IPPROTO_TCP && (p.tcp_flags & (TCP_SYN | TCP_ACK)) == TCP_SYN;
+	if (cv && !(syn && (cv->flags & (CT_FIN_FWD | CT_FIN_REV | CT_RST)))) {
+		if (now - cv->last_seen_ns <= ct_timeout(cv->proto, cv->flags)) {
 			cv->last_seen_ns = now;
+			__u32 set = reply ? CT_REPLY_SEEN : 0;
+			if (p.proto == IPPROTO_TCP) {
+				if (p.tcp_flags & TCP_RST)
+					set |= CT_RST;
+				if (p.tcp_flags & TCP_FIN)
+					set |= reply ? CT_FIN_REV : CT_FIN_FWD;
+			}
+			// Flags are only ever set; an atomic OR keeps two CPUs from losing one.
+			if (set && (cv->flags & set) != set)
+				__sync_fetch_and_or(&cv->flags, set);
 			return TC_ACT_OK;
 		}
 	}
@@ -357,13 +527,17 @@ static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 	// judged by the workload's ingress policy, as with the nftables dataplane (no output
 	// hook); it is recorded so the workload's replies pass its egress hook.
 	if (!(hook == HOOK_TO_WL && skb->ingress_ifindex == 0)) {
-		struct eval e = {.p = &p, .slot = ep->slot[hook & 1], .next = 0,
-				 .count = ep->count[hook & 1], .verdict = -1};
+		struct eval e = {.p = &p, .ep_slot = ep->slot[hook & 1],
+				 .nsteps = ep->count[hook & 1], .verdict = -1};
 		bpf_loop(MAX_RULES, eval_step, &e, 0);
+		if (e.decided)
+			count_rule(&e, skb->len);
 		if (e.verdict != TC_ACT_OK)
 			return TC_ACT_SHOT; // denied, or no rule decided: default deny
 	}
-	struct ct_val nv = {.last_seen_ns = now, .created_ns = now};
+	struct ct_val nv = {.last_seen_ns = now, .proto = p.proto};
+	if (p.proto == IPPROTO_TCP && (p.tcp_flags & TCP_RST))
+		nv.flags = CT_RST;
 	bpf_map_update_elem(&mgy_ct, &fwd, &nv, BPF_ANY);
 	return TC_ACT_OK;
 }

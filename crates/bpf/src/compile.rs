@@ -1,11 +1,14 @@
 //! The pure core: a [`DataplaneModel`] in, the maps' contents out (no kernel access).
 //!
-//! Per workload endpoint and hook, one ordered rule list with the nftables dataplane's
-//! semantics (crates/dataplane/src/nft/render.rs): from the workload, anti-spoofing and the
-//! encapsulation drops first; then each tier that has policies for the direction (its
-//! policies in order, a Pass jumps past the tier, the tier's default action at its end);
-//! then the profiles (a Pass moves on to the next profile); no verdict means deny. IP sets,
-//! and every rule's network lists, become entries of one LPM trie keyed by a numeric set id.
+//! Each policy's and profile's rules per hook become one **block**, stored once however
+//! many endpoints use it; per workload endpoint and hook, an ordered list of **steps**
+//! (blocks and tier-end denies) gives the nftables dataplane's semantics
+//! (crates/dataplane/src/nft/render.rs): from the workload, anti-spoofing and the
+//! encapsulation drops first (the endpoint's own guard block); then each tier that has
+//! policies for the direction (its policies in order, a Pass continues past the tier, the
+//! tier's default action at its end); then the profiles (a Pass moves on to the next
+//! profile); no verdict means deny. IP sets, and every rule's network lists, become entries
+//! of one LPM trie keyed by a numeric set id.
 //!
 //! IPv4 only in this milestone: IPv6 rules, networks and members are left out (the program
 //! drops IPv6).
@@ -97,6 +100,13 @@ impl SetIds {
         id
     }
 
+    /// Never hands out ids up to `max`: after a restart they may still be referenced by the
+    /// rules the previous run left in the maps, until those are replaced.
+    fn reserve_up_to(&mut self, max: u32) {
+        self.next = self.next.max(max);
+        self.free.retain(|id| *id > max);
+    }
+
     /// Forgets every name not in `live`; their ids become reusable.
     fn retain(&mut self, live: &BTreeSet<String>) {
         let free = &mut self.free;
@@ -125,13 +135,33 @@ enum SetSource {
     Nets(Vec<Cidr>),
 }
 
+/// A block of rules stored once in the maps and shared by every endpoint that uses it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BlockKey {
+    /// A policy's rules for a hook.
+    Policy(PolicyId, usize),
+    /// A profile's rules for a hook.
+    Profile(String, usize),
+    /// An endpoint's own guards (anti-spoofing, encapsulation drops; egress).
+    Guard(WorkloadEndpointId),
+}
+
+/// One step of an endpoint hook's evaluation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Evaluate the block; a Pass rule in it continues at step `pass_to`.
+    Block { key: Arc<BlockKey>, pass_to: u32 },
+    /// A tier's default action: deny.
+    Deny,
+}
+
 /// One endpoint's compiled policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointRules {
     pub id: WorkloadEndpointId,
     /// Indexed by [`HOOK_FROM_WL`] and [`HOOK_TO_WL`]. Shared with the compiler's cache: an
-    /// endpoint whose inputs did not change gets the same `Arc` as last time.
-    pub hooks: [Arc<Vec<Rule>>; 2],
+    /// endpoint whose steps did not change gets the same `Arc` as last time. Empty: deny.
+    pub steps: [Arc<Vec<Step>>; 2],
 }
 
 /// Everything the maps should hold.
@@ -139,6 +169,8 @@ pub struct EndpointRules {
 pub struct Compiled {
     /// By host-side interface name.
     pub endpoints: BTreeMap<String, EndpointRules>,
+    /// Every block the endpoints' steps reference (and possibly a few unused ones).
+    pub blocks: HashMap<Arc<BlockKey>, Arc<Vec<Rule>>>,
     /// Entries of every referenced set, by set id.
     pub sets: BTreeMap<u32, BTreeSet<IpSetEntry>>,
     /// Refused policies and endpoints (their hooks hold no rules: deny).
@@ -148,23 +180,43 @@ pub struct Compiled {
 }
 
 impl Compiled {
+    /// Rules stored (each block once).
     pub fn num_rules(&self) -> usize {
-        self.endpoints
-            .values()
-            .map(|e| e.hooks[0].len() + e.hooks[1].len())
-            .sum()
+        self.blocks.values().map(|b| b.len()).sum()
     }
 
     pub fn num_set_entries(&self) -> usize {
         self.sets.values().map(BTreeSet::len).sum()
     }
+
+    /// The endpoint hook's steps with their blocks' rules (for the simulator and tests).
+    pub fn resolved(&self, iface: &str, hook: usize) -> Vec<(Step, Arc<Vec<Rule>>)> {
+        self.endpoints
+            .get(iface)
+            .map(|e| {
+                e.steps[hook]
+                    .iter()
+                    .map(|s| {
+                        let rules = match s {
+                            Step::Block { key, .. } => {
+                                self.blocks.get(key).cloned().unwrap_or_default()
+                            }
+                            Step::Deny => Arc::default(),
+                        };
+                        (s.clone(), rules)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 /// One policy's or profile's rules for one hook, compiled once and shared by every endpoint
-/// it applies to. Pass rules still jump to `JUMP_TO_END` (resolved per endpoint).
+/// it applies to.
 #[derive(Debug)]
 struct Frag {
-    rules: Result<Vec<Rule>, CompileError>,
+    key: Arc<BlockKey>,
+    rules: Result<Arc<Vec<Rule>>, CompileError>,
     refs: BTreeMap<String, SetSource>,
 }
 
@@ -173,7 +225,11 @@ struct Frag {
 struct EpCache {
     ep: Arc<WorkloadEndpointData>,
     frags: [Vec<Arc<Frag>>; 2],
-    hooks: [Result<Arc<Vec<Rule>>, CompileError>; 2],
+    steps: [Result<Arc<Vec<Step>>, CompileError>; 2],
+    /// An upper bound of the loop iterations per hook (rules + steps): exact when built,
+    /// raised by the growth of policies replaced since (see `compile`).
+    total: [usize; 2],
+    guard: (Arc<BlockKey>, Arc<Vec<Rule>>),
     refs: BTreeMap<String, SetSource>,
 }
 
@@ -191,9 +247,6 @@ pub struct Compiler {
     last_policies: BTreeMap<PolicyId, Arc<ResolvedPolicy>>,
     last_profiles: BTreeMap<String, Arc<ResolvedProfile>>,
 }
-
-/// A jump target not known yet: the end of the tier or profile being compiled.
-const JUMP_TO_END: u32 = u32::MAX;
 
 fn hook_name(hook: usize) -> &'static str {
     if hook == HOOK_FROM_WL {
@@ -270,6 +323,11 @@ impl Compiler {
         &self.ids
     }
 
+    /// See [`SetIds::reserve_up_to`].
+    pub fn reserve_set_ids(&mut self, max: u32) {
+        self.ids.reserve_up_to(max);
+    }
+
     /// Compiles the whole model. Set ids of sets no longer referenced are released. What did
     /// not change since the last compile (same `Arc`s in the model) is reused, not rebuilt.
     pub fn compile(&mut self, model: &DataplaneModel) -> Compiled {
@@ -293,9 +351,25 @@ impl Compiler {
                 .zip(&self.last_profiles)
                 .all(|((a, x), (b, y))| a == b && Arc::ptr_eq(x, y));
         let fast = same_policies && same_profiles;
+        // Policies replaced in place (the common policy edit): an endpoint's steps name
+        // blocks, so they stay the same unless a replaced policy appeared, disappeared,
+        // became empty or non-empty, was refused, or grew the endpoint past the limit.
+        let grow = if fast || !same_profiles {
+            None
+        } else {
+            self.replaced_policies_growth(model)
+        };
         for (id, ep) in &model.workload_endpoints {
-            if fast && let Some(c) = self.endpoints.remove(id) {
-                if Arc::ptr_eq(&c.ep, ep) {
+            if (fast || grow.is_some())
+                && let Some(mut c) = self.endpoints.remove(id)
+            {
+                let fits = grow.is_none_or(|g| (0..2).all(|h| c.total[h] + g[h] <= MAX_RULES));
+                if Arc::ptr_eq(&c.ep, ep) && fits {
+                    if let Some(g) = grow {
+                        for (t, g) in c.total.iter_mut().zip(g) {
+                            *t += g;
+                        }
+                    }
                     self.reuse(id, ep, c, &mut out, &mut live, &mut endpoints);
                     continue;
                 }
@@ -323,7 +397,9 @@ impl Compiler {
                     }
                 }
             }
-            let cached = self.endpoints.remove(id).filter(|c| {
+            let removed = self.endpoints.remove(id);
+            let old = removed.as_ref().map(|c| c.steps.clone());
+            let cached = removed.filter(|c| {
                 Arc::ptr_eq(&c.ep, ep)
                     && (0..2).all(|h| {
                         c.frags[h].len() == frags[h].len()
@@ -335,19 +411,38 @@ impl Compiler {
             });
             let entry = match cached {
                 Some(c) => c,
-                None => self.build_endpoint(model, id, ep, frags),
+                None => {
+                    let mut e = self.build_endpoint(model, id, ep, frags);
+                    // Steps name blocks, not rules: a policy whose rules changed leaves the
+                    // steps of the endpoints using it as they were (same `Arc`: nothing to
+                    // write for them).
+                    if let Some(old) = old {
+                        for (new, old) in e.steps.iter_mut().zip(old) {
+                            if let (Ok(n), Ok(o)) = (&*new, &old)
+                                && n == o
+                            {
+                                *new = Ok(o.clone());
+                            }
+                        }
+                    }
+                    e
+                }
             };
             self.reuse(id, ep, entry, &mut out, &mut live, &mut endpoints);
         }
         self.endpoints = endpoints;
-        if !fast {
-            // (On the fast path the caches did not change; what an endpoint that left no
+        if !fast && grow.is_none() {
+            // (On the fast paths most endpoints were not looked at: what one that left no
             // longer uses is dropped at the next full pass.)
             self.policies.retain(|k, _| used_policies.contains(k));
             self.profiles.retain(|k, _| used_profiles.contains(k));
+        }
+        if !fast {
             self.last_policies = model.policies.clone();
             self.last_profiles = model.profiles.clone();
         }
+        out.blocks
+            .reserve(self.policies.len() + self.profiles.len() + out.endpoints.len());
         for f in self
             .policies
             .values()
@@ -355,6 +450,15 @@ impl Compiler {
             .chain(self.profiles.values().map(|(_, f)| f))
         {
             live.extend(f.refs.iter().map(|(k, v)| (k.clone(), v.clone())));
+            // (An empty block is never a step.)
+            if let Ok(rules) = &f.rules
+                && !rules.is_empty()
+            {
+                out.blocks.insert(f.key.clone(), rules.clone());
+            }
+        }
+        for c in self.endpoints.values() {
+            out.blocks.insert(c.guard.0.clone(), c.guard.1.clone());
         }
         for (name, src) in &live {
             let id = self.ids.get(name);
@@ -389,6 +493,46 @@ impl Compiler {
         out
     }
 
+    /// When the model differs from the last compile only by policies replaced in place, and
+    /// each replaced policy's blocks keep their shape (compiled before and now, not refused,
+    /// empty before iff empty now): recompiles those blocks and returns by how many rules
+    /// they grew per hook at most. None: the endpoints must be looked at.
+    fn replaced_policies_growth(&mut self, model: &DataplaneModel) -> Option<[usize; 2]> {
+        if model.policies.len() != self.last_policies.len() {
+            return None;
+        }
+        let mut replaced = Vec::new();
+        for ((a, x), (b, y)) in model.policies.iter().zip(&self.last_policies) {
+            if a != b {
+                return None;
+            }
+            if !Arc::ptr_eq(x, y) {
+                replaced.push(a.clone());
+            }
+        }
+        let mut grow = [0usize; 2];
+        for pid in replaced {
+            for (hook, g) in grow.iter_mut().enumerate() {
+                let shape = |f: &Frag| f.rules.as_ref().ok().map(|r| r.len());
+                // Not compiled for this hook: no endpoint that is reused uses it there (each
+                // compiled its policies when it was built, and a full pass keeps what any
+                // endpoint uses).
+                let Some((_, old)) = self.policies.get(&(pid.clone(), hook)) else {
+                    continue;
+                };
+                let old = shape(old)?;
+                let new = self
+                    .policy_frag(model, &pid, hook)
+                    .and_then(|f| shape(&f))?;
+                if (old == 0) != (new == 0) {
+                    return None;
+                }
+                *g += new.saturating_sub(old);
+            }
+        }
+        Some(grow)
+    }
+
     /// Puts an endpoint's (cached or fresh) lists into the output.
     fn reuse(
         &self,
@@ -399,10 +543,10 @@ impl Compiler {
         live: &mut BTreeMap<String, SetSource>,
         endpoints: &mut HashMap<WorkloadEndpointId, EpCache>,
     ) {
-        let mut hooks: [Arc<Vec<Rule>>; 2] = [Arc::default(), Arc::default()];
-        for (hook, slot) in hooks.iter_mut().enumerate() {
-            match &entry.hooks[hook] {
-                Ok(rules) => *slot = rules.clone(),
+        let mut steps: [Arc<Vec<Step>>; 2] = [Arc::default(), Arc::default()];
+        for (hook, slot) in steps.iter_mut().enumerate() {
+            match &entry.steps[hook] {
+                Ok(list) => *slot = list.clone(),
                 Err(e) => {
                     out.errors.push(e.clone());
                     out.refused_endpoints.insert(id.clone());
@@ -414,7 +558,7 @@ impl Compiler {
             ep.interface.clone(),
             EndpointRules {
                 id: id.clone(),
-                hooks,
+                steps,
             },
         );
         endpoints.insert(id.clone(), entry);
@@ -441,7 +585,8 @@ impl Compiler {
             &pol.outbound
         };
         let owner = format!("policy {} (tier {})", pid, pid.tier);
-        let f = Arc::new(self.frag(list, &owner, hook));
+        let block = Arc::new(BlockKey::Policy(pid.clone(), hook));
+        let f = Arc::new(self.frag(block, list, &owner, hook));
         self.policies.insert(key, (pol.clone(), f.clone()));
         Some(f)
     }
@@ -459,17 +604,25 @@ impl Compiler {
         } else {
             &prof.outbound
         };
-        let f = Arc::new(self.frag(list, &format!("profile {id}"), hook));
+        let block = Arc::new(BlockKey::Profile(id.to_string(), hook));
+        let f = Arc::new(self.frag(block, list, &format!("profile {id}"), hook));
         self.profiles.insert(key, (prof.clone(), f.clone()));
         Some(f)
     }
 
-    fn frag(&mut self, list: &[ResolvedRule], owner: &str, hook: usize) -> Frag {
+    fn frag(
+        &mut self,
+        key: Arc<BlockKey>,
+        list: &[ResolvedRule],
+        owner: &str,
+        hook: usize,
+    ) -> Frag {
         let mut refs = BTreeMap::new();
         let mut rules = Vec::new();
         let r = self.rules(list, owner, hook, &mut refs, &mut rules);
         Frag {
-            rules: r.map(|()| rules),
+            key,
+            rules: r.map(|()| Arc::new(rules)),
             refs,
         }
     }
@@ -482,19 +635,30 @@ impl Compiler {
         frags: [Vec<Arc<Frag>>; 2],
     ) -> EpCache {
         let mut refs = BTreeMap::new();
-        let mut hooks: [Result<Arc<Vec<Rule>>, CompileError>; 2] =
+        let mut guard = Vec::new();
+        self.workload_egress_guards(ep, &mut refs, &mut guard);
+        let guard = (Arc::new(BlockKey::Guard(id.clone())), Arc::new(guard));
+        let mut steps: [Result<Arc<Vec<Step>>, CompileError>; 2] =
             [Ok(Arc::default()), Ok(Arc::default())];
-        for (hook, slot) in hooks.iter_mut().enumerate() {
-            let r = self.endpoint_hook(model, id, ep, hook, &mut refs);
-            if let Err(e) = &r {
-                tracing::error!(endpoint = %id, "{e}");
+        let mut total = [0usize; 2];
+        for (hook, slot) in steps.iter_mut().enumerate() {
+            let r = self.endpoint_hook(model, id, ep, hook, &guard);
+            match &r {
+                Ok((_, n)) => total[hook] = *n,
+                Err(e) => {
+                    // Refused: the next full pass looks at it again.
+                    total[hook] = MAX_RULES + 1;
+                    tracing::error!(endpoint = %id, "{e}");
+                }
             }
-            *slot = r.map(Arc::new);
+            *slot = r.map(|(s, _)| Arc::new(s));
         }
         EpCache {
             ep: ep.clone(),
             frags,
-            hooks,
+            steps,
+            total,
+            guard,
             refs,
         }
     }
@@ -519,17 +683,28 @@ impl Compiler {
         self.ids.get(&name)
     }
 
+    /// The endpoint hook's steps: (from the workload) its guards; each tier with policies
+    /// for the direction (a Pass continues after the tier; a Deny step ends it unless its
+    /// default action is Pass); then the profiles (a Pass continues at the next profile).
+    /// The end of the list denies. Blocks without rules are left out.
     fn endpoint_hook(
         &mut self,
         model: &DataplaneModel,
         id: &WorkloadEndpointId,
         ep: &WorkloadEndpointData,
         hook: usize,
-        refs: &mut BTreeMap<String, SetSource>,
-    ) -> Result<Vec<Rule>, CompileError> {
-        let mut rules = Vec::new();
-        if hook == HOOK_FROM_WL {
-            self.workload_egress_guards(ep, refs, &mut rules);
+        guard: &(Arc<BlockKey>, Arc<Vec<Rule>>),
+    ) -> Result<(Vec<Step>, usize), CompileError> {
+        /// A Pass target not known yet (the end of the tier).
+        const PENDING: u32 = u32::MAX;
+        let mut steps = Vec::new();
+        let mut rules = 0usize;
+        if hook == HOOK_FROM_WL && !guard.1.is_empty() {
+            rules += guard.1.len();
+            steps.push(Step::Block {
+                key: guard.0.clone(),
+                pass_to: 1,
+            });
         }
         for tier in &ep.tiers {
             let policies = if hook == HOOK_TO_WL {
@@ -540,41 +715,54 @@ impl Compiler {
             if policies.is_empty() {
                 continue;
             }
-            let start = rules.len();
+            let start = steps.len();
             for pid in policies {
                 if let Some(f) = self.policy_frag(model, pid, hook) {
-                    rules.extend(f.rules.as_ref().map_err(Clone::clone)?.iter().cloned());
+                    let list = f.rules.as_ref().map_err(Clone::clone)?;
+                    if !list.is_empty() {
+                        rules += list.len();
+                        steps.push(Step::Block {
+                            key: f.key.clone(),
+                            pass_to: PENDING,
+                        });
+                    }
                 }
             }
-            rules.push(Rule {
-                action: if tier.default_action == RuleAction::Pass {
-                    ACT_PASS
-                } else {
-                    ACT_DENY
-                },
-                jump: JUMP_TO_END,
-                ..Rule::default()
-            });
-            let end = rules.len();
-            resolve_jumps(&mut rules[start..], end);
+            if tier.default_action != RuleAction::Pass {
+                steps.push(Step::Deny);
+            }
+            let end = steps.len() as u32;
+            for s in &mut steps[start..] {
+                if let Step::Block { pass_to, .. } = s
+                    && *pass_to == PENDING
+                {
+                    *pass_to = end;
+                }
+            }
         }
         for p in &ep.profile_ids {
-            let start = rules.len();
             if let Some(f) = self.profile_frag(model, p, hook) {
-                rules.extend(f.rules.as_ref().map_err(Clone::clone)?.iter().cloned());
+                let list = f.rules.as_ref().map_err(Clone::clone)?;
+                if !list.is_empty() {
+                    rules += list.len();
+                    let next = steps.len() as u32 + 1;
+                    steps.push(Step::Block {
+                        key: f.key.clone(),
+                        pass_to: next,
+                    });
+                }
             }
-            let end = rules.len();
-            resolve_jumps(&mut rules[start..], end);
         }
-        if rules.len() > MAX_RULES {
+        let count = rules + steps.len();
+        if count > MAX_RULES {
             return Err(CompileError::TooManyRules {
                 endpoint: id.to_string(),
                 hook: hook_name(hook),
-                count: rules.len(),
+                count,
                 limit: MAX_RULES,
             });
         }
-        Ok(rules)
+        Ok((steps, count))
     }
 
     /// Anti-spoofing and the encapsulation drops, as the nft endpoint chain starts.
@@ -659,7 +847,6 @@ impl Compiler {
                 RuleAction::Pass => ACT_PASS,
                 RuleAction::Log => ACT_LOG,
             },
-            jump: JUMP_TO_END,
             ..Rule::default()
         };
         if let Some(p) = r.protocol {
@@ -755,14 +942,5 @@ impl Compiler {
         too_large("port ranges to match", s.ports.len(), MAX_PORTS)?;
         too_large("port ranges to exclude", s.not_ports.len(), MAX_PORTS)?;
         Ok(Some(s))
-    }
-}
-
-/// Points every pending Pass in `rules` at `end`.
-fn resolve_jumps(rules: &mut [Rule], end: usize) {
-    for r in rules {
-        if r.action == ACT_PASS && r.jump == JUMP_TO_END {
-            r.jump = end as u32;
-        }
     }
 }

@@ -11,7 +11,7 @@ use margay_calc::{
     WorkloadEndpointData, WorkloadEndpointId,
 };
 
-use crate::compile::{CompileError, Compiled, Compiler};
+use crate::compile::{BlockKey, CompileError, Compiled, Compiler};
 use crate::layout::*;
 use crate::sim::{Packet, allows};
 
@@ -140,7 +140,7 @@ fn tier(name: &str, default: RuleAction, ingress: &[PolicyId], egress: &[PolicyI
 
 /// Does endpoint `iface` accept `p` as a new flow into it (`to_wl`) or out of it?
 fn verdict(c: &Compiled, iface: &str, hook: usize, p: &Packet) -> bool {
-    allows(&c.endpoints[iface].hooks[hook], p, &c.sets)
+    allows(&c.resolved(iface, hook), p, &c.sets)
 }
 
 fn to_b(c: &Compiled, from: &str, port: u16) -> bool {
@@ -354,10 +354,10 @@ fn a_rule_beyond_the_limits_is_refused_whole_with_a_clear_error() {
     );
     assert!(msg.contains("limit of 8"), "{msg}");
     // Nothing of the policy is loaded for that direction: even port 22 is denied.
-    assert!(c.endpoints["cali-b"].hooks[HOOK_TO_WL].is_empty());
+    assert!(c.endpoints["cali-b"].steps[HOOK_TO_WL].is_empty());
     assert!(!to_b(&c, A, 22));
     // The other direction is unaffected.
-    assert!(!c.endpoints["cali-b"].hooks[HOOK_FROM_WL].is_empty());
+    assert!(!c.endpoints["cali-b"].steps[HOOK_FROM_WL].is_empty());
 }
 
 #[test]
@@ -378,9 +378,10 @@ fn too_many_rules_for_one_endpoint_is_refused() {
     let c = m.compile();
     assert!(matches!(
         &c.errors[..],
-        [CompileError::TooManyRules { count, .. }] if *count == MAX_RULES + 2
+        // The policy's rules, the profile's rule, and three steps (policy, tier end, profile).
+        [CompileError::TooManyRules { count, .. }] if *count == MAX_RULES + 4
     ));
-    assert!(c.endpoints["cali-b"].hooks[HOOK_TO_WL].is_empty());
+    assert!(c.endpoints["cali-b"].steps[HOOK_TO_WL].is_empty());
 }
 
 #[test]
@@ -400,7 +401,12 @@ fn set_ids_are_stable_while_referenced_and_sets_carry_only_ipv4() {
     m.endpoint(
         "cali-b",
         B,
-        vec![tier("default", RuleAction::Deny, &[p], &[])],
+        vec![tier(
+            "default",
+            RuleAction::Deny,
+            std::slice::from_ref(&p),
+            &[],
+        )],
         &[],
     );
     let mut comp = Compiler::default();
@@ -408,7 +414,7 @@ fn set_ids_are_stable_while_referenced_and_sets_carry_only_ipv4() {
     let c2 = comp.compile(&m.model);
     assert_eq!(c1.endpoints, c2.endpoints);
     assert_eq!(c1.sets, c2.sets);
-    let id = c1.endpoints["cali-b"].hooks[HOOK_TO_WL][0].src.sets[0];
+    let id = c1.blocks[&BlockKey::Policy(p, HOOK_TO_WL)][0].src.sets[0];
     assert_eq!(c1.sets[&id].len(), 1, "the IPv6 member is left out");
     assert!(to_b(&c1, "10.1.2.3", 1));
     assert!(!to_b(&c1, A, 1));
@@ -435,23 +441,84 @@ fn a_recompile_reuses_what_did_not_change() {
     m.endpoint(
         "cali-c",
         C,
-        vec![tier("default", RuleAction::Deny, &[other], &[])],
+        vec![tier(
+            "default",
+            RuleAction::Deny,
+            std::slice::from_ref(&other),
+            &[],
+        )],
         &[],
     );
     let mut comp = Compiler::default();
     let c1 = comp.compile(&m.model);
-    // Only `web` changes: c's lists are the very same allocation, b's are rebuilt.
-    m.policy(web, vec![tcp_port(RuleAction::Allow, 443)], vec![]);
+    // Only `web` changes: its block is rebuilt, every endpoint's steps are the very same
+    // allocation (steps name blocks), the other policy's block too.
+    m.policy(web.clone(), vec![tcp_port(RuleAction::Allow, 443)], vec![]);
     let c2 = comp.compile(&m.model);
-    for hook in [HOOK_FROM_WL, HOOK_TO_WL] {
-        assert!(Arc::ptr_eq(
-            &c1.endpoints["cali-c"].hooks[hook],
-            &c2.endpoints["cali-c"].hooks[hook]
-        ));
+    for iface in ["cali-b", "cali-c"] {
+        for hook in [HOOK_FROM_WL, HOOK_TO_WL] {
+            assert!(Arc::ptr_eq(
+                &c1.endpoints[iface].steps[hook],
+                &c2.endpoints[iface].steps[hook]
+            ));
+        }
     }
-    assert!(!Arc::ptr_eq(
-        &c1.endpoints["cali-b"].hooks[HOOK_TO_WL],
-        &c2.endpoints["cali-b"].hooks[HOOK_TO_WL]
+    let key = |p: &PolicyId| Arc::new(BlockKey::Policy(p.clone(), HOOK_TO_WL));
+    assert!(Arc::ptr_eq(
+        &c1.blocks[&key(&other)],
+        &c2.blocks[&key(&other)]
     ));
+    assert!(!Arc::ptr_eq(&c1.blocks[&key(&web)], &c2.blocks[&key(&web)]));
     assert!(to_b(&c2, A, 443) && !to_b(&c2, A, 80));
+}
+
+#[test]
+fn a_replaced_policy_that_changes_shape_or_grows_past_the_limit_is_seen_by_its_endpoints() {
+    let mut m = M::new();
+    let web = pid("default", "web");
+    m.policy(web.clone(), vec![tcp_port(RuleAction::Allow, 80)], vec![]);
+    m.endpoint(
+        "cali-b",
+        B,
+        vec![tier(
+            "default",
+            RuleAction::Deny,
+            std::slice::from_ref(&web),
+            &[],
+        )],
+        &["allow-all"],
+    );
+    let mut comp = Compiler::default();
+    let c1 = comp.compile(&m.model);
+    assert!(to_b(&c1, A, 80));
+    // Same shape: the steps are the same allocation, the verdict follows the new rules.
+    m.policy(web.clone(), vec![tcp_port(RuleAction::Allow, 81)], vec![]);
+    let c2 = comp.compile(&m.model);
+    assert!(Arc::ptr_eq(
+        &c1.endpoints["cali-b"].steps[HOOK_TO_WL],
+        &c2.endpoints["cali-b"].steps[HOOK_TO_WL]
+    ));
+    assert!(to_b(&c2, A, 81) && !to_b(&c2, A, 80));
+    // Grown past the limit: refused whole, as a fresh compile would.
+    m.policy(
+        web.clone(),
+        vec![tcp_port(RuleAction::Allow, 1); MAX_RULES],
+        vec![],
+    );
+    let c3 = comp.compile(&m.model);
+    assert!(matches!(
+        &c3.errors[..],
+        [CompileError::TooManyRules { .. }]
+    ));
+    assert!(c3.endpoints["cali-b"].steps[HOOK_TO_WL].is_empty());
+    // Empty now: its step goes; the tier's end denies, the profile is never reached.
+    m.policy(web, vec![], vec![]);
+    let c4 = comp.compile(&m.model);
+    assert!(c4.errors.is_empty());
+    assert!(!to_b(&c4, A, 81));
+    assert_eq!(
+        c4.endpoints["cali-b"].steps[HOOK_TO_WL].len(),
+        2,
+        "tier end and profile"
+    );
 }

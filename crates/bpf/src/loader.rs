@@ -8,13 +8,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use aya::maps::lpm_trie::{Key, LpmTrie};
-use aya::maps::{HashMap, MapData, MapError};
-use aya::programs::tc::{NlOptions, SchedClassifierLinkId, TcAttachOptions};
+use aya::maps::{HashMap, MapData, MapError, PerCpuHashMap};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::tc::{NlOptions, SchedClassifierLink, SchedClassifierLinkId, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::layout::*;
-use crate::sync::Kernel;
+use crate::sync::{Kernel, Restored};
 
 /// The bpffs magic number (statfs f_type).
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -114,21 +115,60 @@ pub enum AttachMode {
 
 struct Attached {
     ifindex: u32,
-    links: [SchedClassifierLinkId; 2],
+    /// tc clsact filters (not pinnable: they detach when the loader is dropped). TCX links
+    /// are pinned under `<pin_dir>/links` and held by their pins only.
+    tc: Option<[SchedClassifierLinkId; 2]>,
     mode: AttachMode,
 }
 
 const PROGS: [&str; 2] = ["mgy_from_wl", "mgy_to_wl"];
 const HOOKS: [TcAttachType; 2] = [TcAttachType::Ingress, TcAttachType::Egress];
+/// Link pins are `<pin_dir>/links/<hook>-<iface>` (bpffs refuses names with a dot: a dot in
+/// the interface name is written `%2e`, a percent sign `%25`).
+const HOOK_PINS: [&str; 2] = ["from_wl", "to_wl"];
+
+/// What one conntrack garbage-collection pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CtGc {
+    pub scanned: usize,
+    pub deleted: usize,
+    pub live: usize,
+}
+
+/// CLOCK_MONOTONIC in ns: the clock of the program's `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64)
+        .unwrap_or(0)
+}
+
+/// What [`BpfMaps::load`] took over from a previous run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkRestore {
+    /// Interfaces whose pinned links (both hooks) were live and are kept.
+    pub interfaces: usize,
+    /// Links whose program was replaced in place (its code changed) by a link update.
+    pub programs_replaced: usize,
+    /// Pins of gone interfaces or detached links, removed.
+    pub stale_pins: usize,
+}
 
 /// The loaded object: programs verified, maps pinned.
 pub struct BpfMaps {
     ebpf: Ebpf,
     eps: HashMap<MapData, [u8; 4], [u8; ENDPOINT_SIZE]>,
     rules: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; RULE_SIZE]>,
+    steps: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; STEP_SIZE]>,
+    blocks: HashMap<MapData, [u8; 4], [u8; BLOCK_SIZE]>,
     sets: LpmTrie<MapData, [u8; IPSET_DATA_SIZE], u32>,
+    ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VAL_SIZE]>,
+    counters: PerCpuHashMap<MapData, [u8; RULE_KEY_SIZE], [u8; COUNTER_SIZE]>,
     attached: BTreeMap<String, Attached>,
     pin_dir: PathBuf,
+    restored: Option<Restored>,
+    link_restore: LinkRestore,
+    /// The kernel's tags (instruction hashes) of the programs as loaded now.
+    tags: [u64; 2],
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(MapError) -> KernelError {
@@ -145,19 +185,28 @@ fn gone_ok(r: Result<(), MapError>) -> Result<(), MapError> {
 }
 
 impl BpfMaps {
-    /// Loads the object with its maps pinned in `pin_dir` (created; must be on a bpffs),
-    /// loads both programs through the verifier, and clears the endpoint, rule and set maps
-    /// left by an earlier run (restoring them is later work; conntrack is kept).
+    /// Loads the object with its maps pinned in `pin_dir` (created; must be on a bpffs)
+    /// and both programs through the verifier, and takes over what a previous run left
+    /// there: the maps keep their contents (see [`BpfMaps::take_restored`]) and live pinned
+    /// links stay attached, their program replaced in place when its code changed.
     pub fn load(pin_dir: &Path) -> Result<BpfMaps, LoadError> {
-        std::fs::create_dir_all(pin_dir).map_err(|e| LoadError::PinDir {
-            dir: pin_dir.display().to_string(),
+        Self::load_with(pin_dir, false)
+    }
+
+    /// [`BpfMaps::load`]; `replace_programs` replaces the programs of adopted links even
+    /// when their code is the same (tests exercise the upgrade path with it).
+    pub fn load_with(pin_dir: &Path, replace_programs: bool) -> Result<BpfMaps, LoadError> {
+        let links_dir = pin_dir.join("links");
+        std::fs::create_dir_all(&links_dir).map_err(|e| LoadError::PinDir {
+            dir: links_dir.display().to_string(),
             reason: e.to_string(),
         })?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(pin_dir)
             .load(crate::POLICY_OBJ)
             .map_err(|e| LoadError::Object(format!("{e:#}")))?;
-        for prog in PROGS {
+        let mut tags = [0u64; 2];
+        for (hook, prog) in PROGS.into_iter().enumerate() {
             let p: &mut SchedClassifier = ebpf
                 .program_mut(prog)
                 .ok_or(LoadError::Missing(prog))?
@@ -167,6 +216,10 @@ impl BpfMaps {
                 prog,
                 reason: verifier_text(&e),
             })?;
+            tags[hook] = p
+                .info()
+                .map_err(|e| LoadError::Object(format!("{prog}: {e}")))?
+                .tag();
         }
         let take = |ebpf: &mut Ebpf, name: &'static str| {
             ebpf.take_map(name).ok_or(LoadError::Missing(name))
@@ -177,34 +230,231 @@ impl BpfMaps {
                 reason: e.to_string(),
             }
         };
-        let mut eps: HashMap<MapData, [u8; 4], [u8; ENDPOINT_SIZE]> =
+        let eps: HashMap<MapData, [u8; 4], [u8; ENDPOINT_SIZE]> =
             HashMap::try_from(take(&mut ebpf, "mgy_eps")?).map_err(bad("mgy_eps"))?;
-        let mut rules: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; RULE_SIZE]> =
+        let rules: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; RULE_SIZE]> =
             HashMap::try_from(take(&mut ebpf, "mgy_rules")?).map_err(bad("mgy_rules"))?;
-        let mut sets: LpmTrie<MapData, [u8; IPSET_DATA_SIZE], u32> =
+        let steps: HashMap<MapData, [u8; RULE_KEY_SIZE], [u8; STEP_SIZE]> =
+            HashMap::try_from(take(&mut ebpf, "mgy_steps")?).map_err(bad("mgy_steps"))?;
+        let blocks: HashMap<MapData, [u8; 4], [u8; BLOCK_SIZE]> =
+            HashMap::try_from(take(&mut ebpf, "mgy_blocks")?).map_err(bad("mgy_blocks"))?;
+        let sets: LpmTrie<MapData, [u8; IPSET_DATA_SIZE], u32> =
             LpmTrie::try_from(take(&mut ebpf, "mgy_ipsets")?).map_err(bad("mgy_ipsets"))?;
-        // Leftovers of an earlier run. Keys are collected first: deleting while iterating
-        // a hash map can skip entries.
-        let ks: Vec<_> = eps.keys().filter_map(Result::ok).collect();
-        for k in ks {
-            gone_ok(eps.remove(&k)).map_err(bad("mgy_eps"))?;
+        let ct: HashMap<MapData, [u8; CT_KEY_SIZE], [u8; CT_VAL_SIZE]> =
+            HashMap::try_from(take(&mut ebpf, "mgy_ct")?).map_err(bad("mgy_ct"))?;
+        let counters: PerCpuHashMap<MapData, [u8; RULE_KEY_SIZE], [u8; COUNTER_SIZE]> =
+            PerCpuHashMap::try_from(take(&mut ebpf, "mgy_counters")?)
+                .map_err(bad("mgy_counters"))?;
+        // What the previous run wrote; the maps' sizes bound it.
+        let mut restored = Restored::default();
+        for (k, v) in eps.iter().filter_map(Result::ok) {
+            restored
+                .endpoints
+                .insert(u32::from_ne_bytes(k), Endpoint::decode(&v));
         }
-        let ks: Vec<_> = rules.keys().filter_map(Result::ok).collect();
-        for k in ks {
-            gone_ok(rules.remove(&k)).map_err(bad("mgy_rules"))?;
+        for (k, v) in rules.iter().filter_map(Result::ok) {
+            restored.rules.insert(decode_rule_key(&k), Rule::decode(&v));
         }
-        let ks: Vec<_> = sets.keys().filter_map(Result::ok).collect();
-        for k in ks {
-            gone_ok(sets.remove(&k)).map_err(bad("mgy_ipsets"))?;
+        for (k, v) in steps.iter().filter_map(Result::ok) {
+            restored
+                .steps
+                .insert(decode_rule_key(&k), StepEnc::decode(&v));
         }
-        Ok(BpfMaps {
+        for (k, v) in blocks.iter().filter_map(Result::ok) {
+            restored
+                .blocks
+                .insert(u32::from_ne_bytes(k), Block::decode(&v));
+        }
+        for k in sets.keys().filter_map(Result::ok) {
+            if let Some(e) = IpSetEntry::decode(k.prefix_len(), &k.data()) {
+                restored.sets.push(e);
+            }
+        }
+        let mut maps = BpfMaps {
             ebpf,
             eps,
             rules,
+            steps,
+            blocks,
             sets,
+            ct,
+            counters,
             attached: BTreeMap::new(),
             pin_dir: pin_dir.to_path_buf(),
-        })
+            restored: Some(restored),
+            link_restore: LinkRestore::default(),
+            tags,
+        };
+        maps.adopt_links(replace_programs);
+        Ok(maps)
+    }
+
+    /// Deletes the conntrack entries that are expired at `now_ns` (CLOCK_MONOTONIC, the
+    /// program's clock; None: now): closed TCP flows 30 s after both FINs, reset ones after
+    /// 40 s, idle ones after their state's timeout ([`ct_timeout`]). One pass reads every
+    /// entry once (the map's size bounds the work) and deletes what it found expired.
+    pub fn ct_gc(&mut self, now_ns: Option<u64>) -> CtGc {
+        let now = now_ns.unwrap_or_else(monotonic_ns);
+        let mut out = CtGc::default();
+        let mut expired = Vec::new();
+        for (k, v) in self.ct.iter().filter_map(Result::ok) {
+            out.scanned += 1;
+            if CtVal::decode(&v).expired(now) {
+                expired.push(k);
+            }
+        }
+        for k in expired {
+            // An entry the program refreshed meanwhile is deleted too: its flow is judged
+            // again (and recorded again) on its next packet, never let through unjudged.
+            if gone_ok(self.ct.remove(&k)).is_ok() {
+                out.deleted += 1;
+            }
+        }
+        out.live = out.scanned - out.deleted;
+        out
+    }
+
+    /// Per-rule counters: (rule slot, index) → (packets, bytes), summed over CPUs.
+    pub fn counters(&self) -> BTreeMap<(u32, u32), (u64, u64)> {
+        self.counters
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (decode_rule_key(&k), sum_counters(v.iter())))
+            .collect()
+    }
+
+    /// Every conntrack entry (bounded by the map's size).
+    pub fn ct_entries(&self) -> Vec<(CtKey, CtVal)> {
+        self.ct
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (CtKey::decode(&k), CtVal::decode(&v)))
+            .collect()
+    }
+
+    /// What the maps held at load, once (for [`crate::sync::Syncer::adopt`]).
+    pub fn take_restored(&mut self) -> Restored {
+        self.restored.take().unwrap_or_default()
+    }
+
+    /// What the load took over from the pinned links.
+    pub fn link_restore(&self) -> &LinkRestore {
+        &self.link_restore
+    }
+
+    fn link_pin(&self, iface: &str, hook: usize) -> PathBuf {
+        let escaped = iface.replace('%', "%25").replace('.', "%2e");
+        self.pin_dir
+            .join("links")
+            .join(format!("{}-{escaped}", HOOK_PINS[hook]))
+    }
+
+    /// Keeps the pinned TCX links that are still attached (so the old rules, in the kept
+    /// maps, go on being enforced), replacing their program in place when its code
+    /// changed; removes the pins of anything else.
+    fn adopt_links(&mut self, replace_programs: bool) {
+        let dir = self.pin_dir.join("links");
+        let mut by_iface: BTreeMap<String, [Option<PathBuf>; 2]> = BTreeMap::new();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), "cannot list pinned links: {e}");
+                return;
+            }
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let parsed = name.split_once('-').and_then(|(hook, iface)| {
+                HOOK_PINS
+                    .iter()
+                    .position(|h| *h == hook)
+                    .map(|h| (iface.replace("%2e", ".").replace("%25", "%"), h))
+            });
+            match parsed {
+                Some((iface, h)) => by_iface.entry(iface).or_default()[h] = Some(path),
+                None => {
+                    // Only margay pins here; an unknown name is a leftover of another version.
+                    let _ = std::fs::remove_file(&path);
+                    self.link_restore.stale_pins += 1;
+                }
+            }
+        }
+        for (iface, pins) in by_iface {
+            let ifindex = nix::net::if_::if_nametoindex(iface.as_str()).ok();
+            let mut live: [Option<(FdLink, u64)>; 2] = [None, None];
+            if ifindex.is_some() {
+                for hook in 0..2 {
+                    if let Some(p) = &pins[hook] {
+                        live[hook] = live_link(&iface, hook, p);
+                    }
+                }
+            }
+            let (Some(ifindex), [Some(a), Some(b)]) = (ifindex, live) else {
+                // Gone, recreated (the old link is not on it) or half attached: start over;
+                // the first sync attaches again where an endpoint or guard wants programs.
+                for p in pins.iter().flatten() {
+                    let _ = std::fs::remove_file(p);
+                    self.link_restore.stale_pins += 1;
+                }
+                continue;
+            };
+            for (hook, (link, tag)) in [a, b].into_iter().enumerate() {
+                if !replace_programs && tag == self.tags[hook] {
+                    continue;
+                }
+                // The program's code changed: a link update swaps it atomically.
+                match self.replace_program(hook, link) {
+                    Ok(()) => self.link_restore.programs_replaced += 1,
+                    Err(e) => {
+                        tracing::warn!(%iface, "replacing the program of a pinned link failed: {e}; the old program stays until the interface is attached again")
+                    }
+                }
+            }
+            self.attached.insert(
+                iface,
+                Attached {
+                    ifindex,
+                    tc: None,
+                    mode: AttachMode::Tcx,
+                },
+            );
+            self.link_restore.interfaces += 1;
+        }
+    }
+
+    fn replace_program(&mut self, hook: usize, link: FdLink) -> Result<(), String> {
+        let link = SchedClassifierLink::try_from(link).map_err(|e| e.to_string())?;
+        let prog = self.prog(hook).ok_or("program missing")?;
+        // The pin keeps the link; the id taken here only closes our descriptor on drop.
+        prog.attach_to_link(link)
+            .map(drop)
+            .map_err(|e| format!("{e:#}"))
+    }
+
+    /// Detaches programs from every interface not in `keep` (what a previous run attached
+    /// and no endpoint or guard claims any more). Returns how many.
+    pub fn sweep(&mut self, keep: &std::collections::BTreeSet<String>) -> usize {
+        let gone: Vec<String> = self
+            .attached
+            .keys()
+            .filter(|n| !keep.contains(*n))
+            .cloned()
+            .collect();
+        for n in &gone {
+            tracing::info!(iface = %n, "eBPF: detaching programs left by a previous run");
+            self.detach(n);
+        }
+        gone.len()
+    }
+
+    /// Detaches everything and unpins the links (switching the eBPF dataplane off; tests).
+    /// The maps stay pinned.
+    pub fn remove_all(mut self) {
+        let names: Vec<String> = self.attached.keys().cloned().collect();
+        for n in names {
+            self.detach(&n);
+        }
     }
 
     pub fn pin_dir(&self) -> &Path {
@@ -237,30 +487,70 @@ impl BpfMaps {
             .map_err(|e| format!("{e:#}"))
     }
 
-    fn detach_links(&mut self, a: Attached) {
-        for (hook, link) in a.links.into_iter().enumerate() {
-            if let Some(p) = self.prog(hook) {
-                // The interface may be gone, taking the attachment with it.
-                let _ = p.detach(link);
+    fn detach_links(&mut self, iface: &str, a: Attached) {
+        match a.tc {
+            Some(links) => {
+                for (hook, link) in links.into_iter().enumerate() {
+                    if let Some(p) = self.prog(hook) {
+                        // The interface may be gone, taking the attachment with it.
+                        let _ = p.detach(link);
+                    }
+                }
+            }
+            None => {
+                // Nothing else holds a TCX link: removing its pin detaches it.
+                for hook in 0..2 {
+                    let _ = std::fs::remove_file(self.link_pin(iface, hook));
+                }
             }
         }
     }
 
+    /// Pins a fresh TCX link in place of whatever was pinned for (iface, hook). The new link
+    /// is attached before the old pin goes, so the hook is never without a program.
+    fn pin_link(
+        &mut self,
+        iface: &str,
+        hook: usize,
+        id: SchedClassifierLinkId,
+    ) -> Result<(), String> {
+        let path = self.link_pin(iface, hook);
+        let prog = self.prog(hook).ok_or("program missing")?;
+        let link = prog.take_link(id).map_err(|e| format!("{e:#}"))?;
+        let fd = FdLink::try_from(link).map_err(|e| e.to_string())?;
+        // (bpffs answers unlink of a missing name with EPERM, not ENOENT: look first.)
+        if std::fs::symlink_metadata(&path).is_ok() {
+            std::fs::remove_file(&path)
+                .map_err(|e| format!("removing the old pin {}: {e}", path.display()))?;
+        }
+        fd.pin(&path)
+            .map(drop)
+            .map_err(|e| format!("pinning the link at {}: {e}", path.display()))
+    }
+
+    /// Attaches both hooks; TCX links are pinned (they then outlive the process), tc
+    /// filters returned.
     fn try_attach(
         &mut self,
         iface: &str,
         mode: AttachMode,
-    ) -> Result<[SchedClassifierLinkId; 2], String> {
+    ) -> Result<Option<[SchedClassifierLinkId; 2]>, String> {
         let first = self.attach_one(iface, 0, mode)?;
-        match self.attach_one(iface, 1, mode) {
-            Ok(second) => Ok([first, second]),
+        let second = match self.attach_one(iface, 1, mode) {
+            Ok(second) => second,
             Err(e) => {
                 if let Some(p) = self.prog(0) {
                     let _ = p.detach(first);
                 }
-                Err(e)
+                return Err(e);
             }
+        };
+        if mode == AttachMode::TcClsact {
+            return Ok(Some([first, second]));
         }
+        self.pin_link(iface, 0, first)?;
+        self.pin_link(iface, 1, second)?;
+        Ok(None)
     }
 }
 
@@ -297,17 +587,20 @@ impl Kernel for BpfMaps {
         {
             return Ok(());
         }
-        if let Some(old) = self.attached.remove(iface) {
-            self.detach_links(old);
+        if let Some(old) = self.attached.remove(iface)
+            && old.tc.is_some()
+        {
+            // A TCX link's pin is replaced by the new one below (no gap).
+            self.detach_links(iface, old);
         }
-        let (links, mode) = match self.try_attach(iface, AttachMode::Tcx) {
+        let (tc, mode) = match self.try_attach(iface, AttachMode::Tcx) {
             Ok(l) => (l, AttachMode::Tcx),
             Err(tcx) => {
                 // Older kernels: the clsact qdisc (it may exist already).
                 let _ = aya::programs::tc::qdisc_add_clsact(iface);
                 match self.try_attach(iface, AttachMode::TcClsact) {
                     Ok(l) => {
-                        tracing::info!(%iface, "TCX attach failed ({tcx}); attached with tc clsact");
+                        tracing::warn!(%iface, "TCX attach failed ({tcx}); attached with tc clsact (not kept across restarts)");
                         (l, AttachMode::TcClsact)
                     }
                     Err(tc) => {
@@ -320,20 +613,14 @@ impl Kernel for BpfMaps {
                 }
             }
         };
-        self.attached.insert(
-            iface.to_string(),
-            Attached {
-                ifindex,
-                links,
-                mode,
-            },
-        );
+        self.attached
+            .insert(iface.to_string(), Attached { ifindex, tc, mode });
         Ok(())
     }
 
     fn detach(&mut self, iface: &str) {
         if let Some(a) = self.attached.remove(iface) {
-            self.detach_links(a);
+            self.detach_links(iface, a);
         }
     }
 
@@ -344,7 +631,29 @@ impl Kernel for BpfMaps {
     }
 
     fn del_rule(&mut self, slot: u32, idx: u32) -> Result<(), KernelError> {
-        gone_ok(self.rules.remove(&rule_key(slot, idx))).map_err(map_err("mgy_rules"))
+        gone_ok(self.rules.remove(&rule_key(slot, idx))).map_err(map_err("mgy_rules"))?;
+        // Its counter goes with it (a reused slot counts afresh).
+        gone_ok(self.counters.remove(&rule_key(slot, idx))).map_err(map_err("mgy_counters"))
+    }
+
+    fn put_step(&mut self, slot: u32, idx: u32, step: &StepEnc) -> Result<(), KernelError> {
+        self.steps
+            .insert(rule_key(slot, idx), step.encode(), 0)
+            .map_err(map_err("mgy_steps"))
+    }
+
+    fn del_step(&mut self, slot: u32, idx: u32) -> Result<(), KernelError> {
+        gone_ok(self.steps.remove(&rule_key(slot, idx))).map_err(map_err("mgy_steps"))
+    }
+
+    fn put_block(&mut self, id: u32, block: &Block) -> Result<(), KernelError> {
+        self.blocks
+            .insert(id.to_ne_bytes(), block.encode(), 0)
+            .map_err(map_err("mgy_blocks"))
+    }
+
+    fn del_block(&mut self, id: u32) -> Result<(), KernelError> {
+        gone_ok(self.blocks.remove(&id.to_ne_bytes())).map_err(map_err("mgy_blocks"))
     }
 
     fn put_endpoint(&mut self, ifindex: u32, ep: &Endpoint) -> Result<(), KernelError> {
@@ -372,10 +681,28 @@ impl Kernel for BpfMaps {
 
 impl Drop for BpfMaps {
     fn drop(&mut self) {
-        // Links are not pinned in this milestone: dropping the object detaches everything.
-        let names: Vec<String> = self.attached.keys().cloned().collect();
+        // TCX links stay pinned: the programs keep enforcing the maps' rules until the next
+        // run adopts them (a Felix restart does not open the workloads). tc filters cannot
+        // be adopted and are removed.
+        let names: Vec<String> = self
+            .attached
+            .iter()
+            .filter(|(_, a)| a.tc.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
         for n in names {
             self.detach(&n);
         }
     }
+}
+
+/// The pinned link at `pin` if it is still attached to (iface, hook), with the tag of its
+/// program. A link on a deleted interface, or one whose interface was recreated under the
+/// same name, is not among the interface's attached programs.
+fn live_link(iface: &str, hook: usize, pin: &Path) -> Option<(FdLink, u64)> {
+    let link: FdLink = PinnedLink::from_pin(pin).ok()?.into();
+    let prog_id = link.info().ok()?.program_id();
+    let (_, progs) = SchedClassifier::query_tcx(iface, HOOKS[hook]).ok()?;
+    let tag = progs.iter().find(|p| p.id() == prog_id)?.tag();
+    Some((link, tag))
 }

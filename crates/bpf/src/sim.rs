@@ -131,22 +131,47 @@ pub fn rule_matches(r: &Rule, p: &Packet, sets: &BTreeMap<u32, BTreeSet<IpSetEnt
     side_matches(&r.src, p.src, p.sport, p, sets) && side_matches(&r.dst, p.dst, p.dport, p, sets)
 }
 
-/// True when the rule list allows the packet (a new flow).
-pub fn allows(rules: &[Rule], p: &Packet, sets: &BTreeMap<u32, BTreeSet<IpSetEntry>>) -> bool {
-    let mut next = 0usize;
-    // Bounded as the program's loop is: every step moves forward.
+/// True when the endpoint hook's steps (each with its block's rules, as
+/// [`crate::compile::Compiled::resolved`] gives them) allow the packet (a new flow): the
+/// program's `eval_step` loop, step by step, with the same bound.
+pub fn allows(
+    steps: &[(crate::compile::Step, std::sync::Arc<Vec<Rule>>)],
+    p: &Packet,
+    sets: &BTreeMap<u32, BTreeSet<IpSetEntry>>,
+) -> bool {
+    use crate::compile::Step;
+    let mut step = 0usize;
+    let mut block: &[Rule] = &[];
+    let mut rule = 0usize;
+    let mut pass_to = 0usize;
     for _ in 0..MAX_RULES {
-        let Some(r) = rules.get(next) else {
-            return false;
-        };
+        if rule >= block.len() {
+            let Some((s, rules)) = steps.get(step) else {
+                return false;
+            };
+            match s {
+                Step::Deny => return false,
+                Step::Block { pass_to: to, .. } => {
+                    block = rules;
+                    rule = 0;
+                    pass_to = *to as usize;
+                    step += 1;
+                }
+            }
+            continue;
+        }
+        let r = &block[rule];
         if !rule_matches(r, p, sets) {
-            next += 1;
+            rule += 1;
             continue;
         }
         match r.action {
             ACT_ALLOW => return true,
-            ACT_PASS => next = (r.jump as usize).max(next + 1),
-            ACT_LOG => next += 1,
+            ACT_PASS => {
+                step = step.max(pass_to);
+                rule = block.len();
+            }
+            ACT_LOG => rule += 1,
             _ => return false,
         }
     }

@@ -171,20 +171,42 @@ fn allow_tcp_port(port: u16) -> Vec<Rule> {
     }]
 }
 
-/// Writes `rules` into a slot per hook and points the interface's entry at them.
+/// Writes `rules` per hook as a block (id and rule slot `slot_base + hook`) and a one-step
+/// list (step slot `slot_base + 2 + hook`; no step for no rules: deny), then points the
+/// interface's entry at the step lists.
 fn program(k: &mut BpfMaps, iface: &str, slot_base: u32, hooks: [Vec<Rule>; 2]) {
     let ifindex = k.ifindex(iface).unwrap();
     k.attach(iface, ifindex).unwrap();
+    let mut count = [0u32; 2];
     for (h, rules) in hooks.iter().enumerate() {
+        let slot = slot_base + h as u32;
         for (i, r) in rules.iter().enumerate() {
-            k.put_rule(slot_base + h as u32, i as u32, r).unwrap();
+            k.put_rule(slot, i as u32, r).unwrap();
         }
+        if rules.is_empty() {
+            continue;
+        }
+        k.put_block(
+            slot,
+            &Block {
+                slot,
+                count: rules.len() as u32,
+            },
+        )
+        .unwrap();
+        let step = StepEnc {
+            kind: STEP_BLOCK,
+            block: slot,
+            pass_to: 1,
+        };
+        k.put_step(slot_base + 2 + h as u32, 0, &step).unwrap();
+        count[h] = 1;
     }
     k.put_endpoint(
         ifindex,
         &Endpoint {
-            slot: [slot_base, slot_base + 1],
-            count: [hooks[0].len() as u32, hooks[1].len() as u32],
+            slot: [slot_base + 2, slot_base + 3],
+            count,
             flags: 0,
         },
     )
@@ -225,14 +247,64 @@ fn programs_enforce_fail_closed_ports_replies_and_an_atomic_flip() {
         program(&mut k, "calib0", 20, [vec![], allow_tcp_port(80)]);
         assert!(tcp(&t, 0, 1, 80), "replies pass without policy");
         assert!(!tcp(&t, 1, 0, 80), "new flows from b are denied");
+        // Per-rule counters: the Allow rule of b's ingress block (slot 21, rule 0) counted
+        // the new flows it decided; the established flows' later packets are not counted.
+        let (p, bytes) = k.counters().get(&(21, 0)).copied().unwrap_or_default();
+        assert!(p >= 1 && bytes >= 40 * p, "{p} packets, {bytes} bytes");
+        assert_eq!(
+            k.counters().get(&(11, 0)).map(|c| c.0),
+            Some(1),
+            "slot 11 (port 80 at base 10) allowed a's one connection: one SYN judged"
+        );
         // The flip: port 81 instead of 80, in one endpoint write.
         program(&mut k, "calib0", 30, [allow_all(), allow_tcp_port(81)]);
         assert!(tcp(&t, 0, 1, 81));
         assert!(!tcp(&t, 0, 1, 80));
         drop(k);
     });
-    // Dropping the loader detaches everything: traffic flows again.
-    assert!(tcp(&t, 0, 1, 80));
+    // The loader is gone (a killed Felix): the pinned links and maps go on enforcing.
+    assert!(tcp(&t, 0, 1, 81));
+    assert!(!tcp(&t, 0, 1, 80), "still enforced with nobody running");
+    in_ns(&t.node, || {
+        // A new loader whose programs "changed": the links are kept, their programs
+        // replaced in place, and the maps' contents come back.
+        let mut k = BpfMaps::load_with(&fs.path().join("nodea"), true).unwrap();
+        let r = k.link_restore().clone();
+        assert_eq!((r.interfaces, r.programs_replaced), (1, 2), "{r:?}");
+        let restored = k.take_restored();
+        assert_eq!(restored.endpoints.len(), 1);
+        // program() never deletes: the three programmings left 5 rules (2 live).
+        assert_eq!(restored.rules.len(), 5);
+        assert_eq!((restored.blocks.len(), restored.steps.len()), (5, 5));
+        assert!(tcp(&t, 0, 1, 81));
+        assert!(
+            !tcp(&t, 0, 1, 80),
+            "the replaced programs enforce the same maps"
+        );
+        // Sweeping what nobody claims detaches it; nothing is left pinned.
+        assert_eq!(k.sweep(&BTreeSet::new()), 1);
+        assert_eq!(
+            std::fs::read_dir(fs.path().join("nodea/links"))
+                .unwrap()
+                .count(),
+            0
+        );
+        drop(k);
+    });
+    assert!(tcp(&t, 0, 1, 80), "swept: traffic flows again");
+    // Switching the dataplane off: removing the pins detaches the programs.
+    in_ns(&t.node, || {
+        let mut k = BpfMaps::load(&fs.path().join("nodea")).unwrap();
+        program(&mut k, "calib0", 40, [allow_all(), allow_tcp_port(81)]);
+    });
+    assert!(
+        !tcp(&t, 0, 1, 80),
+        "the pinned programs enforce with nobody running"
+    );
+    let n = margay_bpf::inspect::remove_pins(&fs.path().join("nodea")).unwrap();
+    assert!(n >= 2 + 7, "two link pins and the maps: {n}");
+    assert!(!fs.path().join("nodea").exists());
+    assert!(tcp(&t, 0, 1, 80), "no program left: traffic flows");
 }
 
 /// The largest rule the limits allow, `MAX_RULES` times; the packet matches none until the
@@ -298,17 +370,164 @@ fn the_largest_policy_loads_passes_the_verifier_and_is_evaluated_to_the_end() {
             },
             ..miss.clone()
         };
-        let mut rules = vec![miss; MAX_RULES - 1];
+        // One step enters the block: MAX_RULES - 1 rules fill the loop's bound.
+        let mut rules = vec![miss; MAX_RULES - 2];
         rules.push(hit);
         let started = Instant::now();
         program(&mut k, "calib0", 0, [allow_all(), rules]);
         eprintln!(
             "wrote {} rules of {} bytes in {:?}",
-            MAX_RULES,
+            MAX_RULES - 1,
             RULE_SIZE,
             started.elapsed()
         );
         assert!(tcp(&t, 0, 1, 80), "the last rule allows");
         assert!(!tcp(&t, 0, 1, 81), "no rule allows");
     });
+}
+
+/// TCP states and the garbage collector: many short connections (the server closes first,
+/// so the client's ports are free again at once) leave entries with both FINs seen, which
+/// a pass at "now + 31 s" deletes (reset ones at "now + 41 s"), while an established
+/// connection's entry stays and the connection keeps working; a new connection always gets
+/// through.
+#[test]
+fn conntrack_tracks_tcp_state_and_gc_deletes_closed_flows_only() {
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    // More than the client has even ephemeral ports for one destination (connect() takes
+    // those first): ports get reused, so a SYN meets a closed flow's entry and must be
+    // judged and recorded afresh.
+    const SHORT: usize = 15_000;
+    let fs = PrivateBpffs::new();
+    let t = topo("bpfct");
+    let mut k = in_ns(&t.node, || {
+        let mut k = BpfMaps::load(&fs.path().join("nodea")).unwrap();
+        // b accepts tcp/82 only.
+        program(&mut k, "calib0", 10, [allow_all(), allow_tcp_port(82)]);
+        k
+    });
+    // A server in b: echoes one byte on the first connection (kept open), closes every
+    // other at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let server = {
+        let stop = stop.clone();
+        let path = format!("/run/netns/{}", t.pods[1].0.name());
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(&path).unwrap();
+            nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let l = TcpListener::bind("10.66.0.2:82").unwrap();
+            l.set_nonblocking(true).unwrap();
+            let _ = ready_tx.send(());
+            let mut kept: Option<TcpStream> = None;
+            let end = Instant::now() + Duration::from_secs(120);
+            while !stop.load(Ordering::SeqCst) && Instant::now() < end {
+                match l.accept() {
+                    Ok((c, _)) if kept.is_none() => kept = Some(c),
+                    Ok((c, _)) => drop(c),
+                    Err(_) => std::thread::sleep(Duration::from_micros(200)),
+                }
+                if let Some(c) = &mut kept {
+                    c.set_nonblocking(true).unwrap();
+                    let mut b = [0u8; 1];
+                    if let Ok(1) = c.read(&mut b) {
+                        let _ = c.write_all(&b);
+                    }
+                }
+            }
+        })
+    };
+    struct Stop(Arc<AtomicBool>, Option<std::thread::JoinHandle<()>>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+            if let Some(h) = self.1.take() {
+                let _ = h.join();
+            }
+        }
+    }
+    let _server = Stop(stop, Some(server));
+    ready_rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the server started");
+    let addr: SocketAddr = "10.66.0.2:82".parse().unwrap();
+    let a = t.pods[0].0.name().to_string();
+    let (mut kept, short_secs) = in_ns(&t.pods[0].0, move || {
+        let _ = a;
+        let mut kept = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+        kept.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        kept.write_all(b"x").unwrap();
+        let mut b = [0u8; 1];
+        kept.read_exact(&mut b).unwrap();
+        let started = Instant::now();
+        for i in 0..SHORT {
+            let mut c = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("short connection {i} failed: {e}"));
+            // Wait for the server's FIN, then close: both FINs pass the programs.
+            c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let _ = c.read(&mut b);
+        }
+        (kept, started.elapsed().as_secs_f64())
+    });
+    // Let the last FIN/ACKs pass.
+    std::thread::sleep(Duration::from_millis(200));
+    let entries = k.ct_entries();
+    let tcp82: Vec<_> = entries.iter().filter(|(key, _)| key.dport == 82).collect();
+    let closed = tcp82
+        .iter()
+        .filter(|(_, v)| v.flags & (CT_FIN_FWD | CT_FIN_REV) == CT_FIN_FWD | CT_FIN_REV)
+        .count();
+    let established = tcp82
+        .iter()
+        .filter(|(_, v)| v.flags == CT_REPLY_SEEN)
+        .count();
+    eprintln!(
+        "{SHORT} short connections in {short_secs:.1} s; {} entries for tcp/82: {closed} closed, {established} established",
+        tcp82.len()
+    );
+    assert_eq!(established, 1, "the kept connection");
+    assert_eq!(
+        closed + 1,
+        tcp82.len(),
+        "every short flow's entry saw both FINs"
+    );
+    assert!(
+        tcp82.len() > 5_000,
+        "one entry per client port: {}",
+        tcp82.len()
+    );
+    // Now: nothing has expired yet.
+    let now = margay_bpf::loader::monotonic_ns();
+    assert_eq!(k.ct_gc(Some(now)).deleted, 0);
+    // 31 s later the closed flows have expired (41 s: also the few a late RST ended, whose
+    // timeout is 40 s), the established one has not.
+    let gc = k.ct_gc(Some(now + 31_000_000_000));
+    let reset = tcp82.iter().filter(|(_, v)| v.flags & CT_RST != 0).count();
+    assert_eq!(gc.deleted + reset, closed, "{gc:?}, {reset} reset");
+    let gc = k.ct_gc(Some(now + 41_000_000_000));
+    eprintln!("gc: {gc:?}");
+    assert_eq!(gc.deleted, reset, "{gc:?}");
+    let left: Vec<_> = k
+        .ct_entries()
+        .into_iter()
+        .filter(|(key, _)| key.dport == 82)
+        .collect();
+    assert_eq!(left.len(), 1, "only the established flow is left: {left:?}");
+    // The established connection still works, and so does a new one.
+    kept.write_all(b"y").unwrap();
+    let mut b = [0u8; 1];
+    kept.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"y");
+    in_ns(&t.pods[0].0, || {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("a new connection");
+    });
+    in_ns(&t.node, || k.remove_all());
 }

@@ -8,18 +8,22 @@
 //! network namespace of the thread calling `apply`/`housekeeping` (Felix runs inside its
 //! node's namespace).
 //!
+//! Restarts do not touch traffic: the programs' TCX links and the maps are pinned, so
+//! they keep enforcing the previous run's rules while Felix is down and after it starts;
+//! `new` adopts them (the syncer's state is rebuilt from the maps) and the first in-sync
+//! write changes only what differs, then sweeps programs no endpoint claims any more.
+//!
 //! DefaultEndpointToHostAction and natOutgoing stay in a small nftables table
-//! ([`crate::bpf_host_nft`]). Not in this milestone (see crates/bpf/DESIGN.md): host
-//! endpoints, IPv6, restoring state across
-//! restarts (the maps are cleared at start and programs detach when Felix exits), conntrack
-//! garbage collection (the LRU map evicts), per-rule counters.
+//! ([`crate::bpf_host_nft`]). Housekeeping runs the conntrack garbage collector every
+//! [`CT_GC_INTERVAL`]. Not in this milestone (see crates/bpf/DESIGN.md): host endpoints,
+//! IPv6, per-rule counters.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use margay_bpf::compile::CompileConfig;
-use margay_bpf::loader::{BpfMaps, LoadError, ensure_bpffs};
-use margay_bpf::sync::{SyncReport, Syncer};
+use margay_bpf::loader::{BpfMaps, CtGc, LinkRestore, LoadError, ensure_bpffs};
+use margay_bpf::sync::{AdoptReport, SyncReport, Syncer};
 use margay_calc::Message;
 
 use crate::bpf_host_nft::{HostNft, HostNftConfig};
@@ -27,6 +31,41 @@ use crate::linux::interfaces::{InterfaceConfig, WorkloadInterfaces};
 use crate::linux::routing::{Routing, RoutingConfig};
 use crate::linux::sysctl::{ProcSys, Sysctl};
 use crate::{DataplaneDriver, DataplaneError, EndpointStatus, Recording, StatusUpdate};
+
+/// How often housekeeping sweeps conntrack (Calico's BPF scanner: every 10 s).
+pub const CT_GC_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The eBPF driver's state, for `felix status` and logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BpfStatus {
+    pub pin_dir: PathBuf,
+    /// Interfaces with programs attached.
+    pub interfaces_attached: usize,
+    /// Workload endpoints with an entry.
+    pub endpoints: usize,
+    /// Rule blocks stored, and their rules.
+    pub blocks: usize,
+    pub rules: usize,
+    pub set_entries: usize,
+    /// The last conntrack sweep: entries deleted and left.
+    pub conntrack_deleted: usize,
+    pub conntrack_entries: usize,
+    /// What the start took over from the previous run: endpoints, interfaces, programs
+    /// replaced.
+    pub restored_endpoints: usize,
+    pub restored_interfaces: usize,
+    pub programs_replaced: usize,
+}
+
+/// Shared view of the driver's [`BpfStatus`].
+#[derive(Debug, Clone, Default)]
+pub struct BpfStatusHandle(std::sync::Arc<std::sync::Mutex<BpfStatus>>);
+
+impl BpfStatusHandle {
+    pub fn get(&self) -> BpfStatus {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct BpfDriverConfig {
@@ -65,6 +104,10 @@ pub struct BpfDriver {
     host_nft: Option<HostNft>,
     workload_prefixes: Vec<String>,
     last_report: SyncReport,
+    restore: (AdoptReport, LinkRestore),
+    last_ct_gc: Instant,
+    ct: CtGc,
+    status_handle: BpfStatusHandle,
 }
 
 impl BpfDriver {
@@ -76,14 +119,26 @@ impl BpfDriver {
         {
             tracing::info!(dir = %m.display(), "mounted a BPF filesystem");
         }
-        let maps = BpfMaps::load(&cfg.pin_dir)?;
-        tracing::info!(pin_dir = %cfg.pin_dir.display(), "eBPF policy programs loaded");
+        let mut maps = BpfMaps::load(&cfg.pin_dir)?;
+        let mut syncer = Syncer::new(cfg.compile);
+        let restored = maps.take_restored();
+        let adopted = syncer.adopt(restored, &maps);
+        let links = maps.link_restore().clone();
+        tracing::info!(
+            pin_dir = %cfg.pin_dir.display(),
+            endpoints = adopted.endpoints,
+            rules = adopted.rules,
+            set_entries = adopted.set_entries,
+            interfaces = links.interfaces,
+            programs_replaced = links.programs_replaced,
+            "eBPF policy programs loaded; what the previous run left stays enforced until in-sync"
+        );
         let state = Recording::default();
         Ok((
             BpfDriver {
                 state: state.clone(),
                 maps,
-                syncer: Syncer::new(cfg.compile),
+                syncer,
                 dirty: false,
                 routing: cfg.routing.map(Routing::new),
                 route_refresh_interval: cfg.route_refresh_interval,
@@ -100,9 +155,61 @@ impl BpfDriver {
                 host_nft: cfg.host_nft.map(HostNft::new),
                 workload_prefixes: cfg.workload_prefixes,
                 last_report: SyncReport::default(),
+                restore: (adopted, links),
+                last_ct_gc: Instant::now(),
+                ct: CtGc::default(),
+                status_handle: BpfStatusHandle::default(),
             },
             state,
         ))
+    }
+
+    /// What the start took over from a previous run (map contents, pinned links).
+    pub fn restore_report(&self) -> &(AdoptReport, LinkRestore) {
+        &self.restore
+    }
+
+    /// The driver's state (cheap: no map is read).
+    pub fn status(&self) -> BpfStatus {
+        let (blocks, rules) = self.syncer.num_blocks();
+        BpfStatus {
+            pin_dir: self.maps.pin_dir().to_path_buf(),
+            interfaces_attached: self.maps.attached().count(),
+            endpoints: self.syncer.endpoints().count(),
+            blocks,
+            rules,
+            set_entries: self.syncer.num_set_entries(),
+            conntrack_deleted: self.ct.deleted,
+            conntrack_entries: self.ct.live,
+            restored_endpoints: self.restore.0.endpoints,
+            restored_interfaces: self.restore.1.interfaces,
+            programs_replaced: self.restore.1.programs_replaced,
+        }
+    }
+
+    /// A shared view of [`BpfDriver::status`], refreshed after every write and
+    /// housekeeping, for a status server on another thread (as `NftStatsHandle`).
+    pub fn status_handle(&self) -> BpfStatusHandle {
+        self.status_handle.clone()
+    }
+
+    fn publish_status(&self) {
+        let st = self.status();
+        *self
+            .status_handle
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = st;
+    }
+
+    /// Runs one conntrack sweep now (housekeeping does every [`CT_GC_INTERVAL`]).
+    pub fn ct_gc(&mut self) -> CtGc {
+        self.last_ct_gc = Instant::now();
+        self.ct = self.maps.ct_gc(None);
+        if self.ct.deleted > 0 {
+            tracing::debug!(gc = ?self.ct, "eBPF conntrack sweep");
+        }
+        self.ct
     }
 
     /// What the last successful write did.
@@ -136,6 +243,9 @@ impl BpfDriver {
                 what: "eBPF programs on unknown workload interfaces".into(),
                 reason: e.to_string(),
             })?;
+        // Programs a previous run attached that nothing claims now.
+        let owned = self.syncer.owned_interfaces();
+        self.maps.sweep(&owned);
         if let Some(h) = &mut self.host_nft {
             h.sync(&st.model).map_err(|e| DataplaneError::Apply {
                 what: "nftables (endpoint-to-host, natOutgoing)".into(),
@@ -286,6 +396,7 @@ impl DataplaneDriver for BpfDriver {
         }
         self.write_interfaces();
         self.write_routes(false);
+        self.publish_status();
         let mut status = written?;
         status.extend(self.endpoint_statuses(batch));
         Ok(status)
@@ -308,6 +419,9 @@ impl DataplaneDriver for BpfDriver {
             self.guard_unknown()?;
         }
         let now = Instant::now();
+        if now.duration_since(self.last_ct_gc) >= CT_GC_INTERVAL {
+            self.ct_gc();
+        }
         let refresh = !self.route_refresh_interval.is_zero()
             && now.duration_since(self.last_route_refresh) >= self.route_refresh_interval;
         if refresh {
@@ -315,6 +429,7 @@ impl DataplaneDriver for BpfDriver {
         }
         self.write_interfaces();
         self.write_routes(refresh);
+        self.publish_status();
         Ok(out)
     }
 }

@@ -89,6 +89,9 @@ pub struct DataplaneView {
     /// The Linux driver's nftables state: transactions, repairs, sizes, per-endpoint chains.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nft: Option<serde_json::Value>,
+    /// The eBPF driver's state (BPFEnabled): programs, endpoints, rule blocks, conntrack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpf: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -242,6 +245,26 @@ pub fn render(doc: &StatusDoc) -> String {
         yes(doc.dataplane.in_sync, "in sync", "not in sync yet"),
         doc.dataplane.messages_applied
     );
+    if let Some(bpf) = &doc.dataplane.bpf {
+        let n = |k: &str| bpf.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "eBPF:       {} interfaces with programs, {} endpoints, {} rule blocks ({} rules), {} IP-set entries; conntrack {} entries ({} deleted by the last sweep); restored at start: {} endpoints, {} interfaces ({} programs replaced); pins in {}",
+            n("interfaces_attached"),
+            n("endpoints"),
+            n("blocks"),
+            n("rules"),
+            n("set_entries"),
+            n("conntrack_entries"),
+            n("conntrack_deleted"),
+            n("restored_endpoints"),
+            n("restored_interfaces"),
+            n("programs_replaced"),
+            bpf.get("pin_dir")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("?"),
+        );
+    }
     if let Some(nft) = &doc.dataplane.nft {
         let n = |k: &str| nft.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
         let _ = writeln!(
@@ -720,6 +743,7 @@ mod tests {
                 in_sync: true,
                 messages_applied: 12,
                 nft: None,
+                bpf: None,
             },
             counts: BTreeMap::from([
                 ("local_endpoints".to_string(), 1),
@@ -806,6 +830,30 @@ mod tests {
             text.contains("NetworkPolicy ns1/bad  validation  spec.selector: bad"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_ebpf_driver_state_is_one_line() {
+        let mut d = doc();
+        d.dataplane.driver = "bpf".into();
+        d.dataplane.bpf = Some(serde_json::json!({
+            "pin_dir": "/sys/fs/bpf/margay/node1", "interfaces_attached": 3, "endpoints": 2,
+            "blocks": 5, "rules": 9, "set_entries": 4, "conntrack_entries": 7,
+            "conntrack_deleted": 1, "restored_endpoints": 2, "restored_interfaces": 3,
+            "programs_replaced": 0
+        }));
+        let text = render(&d);
+        assert!(
+            text.contains(
+                "eBPF:       3 interfaces with programs, 2 endpoints, 5 rule blocks (9 rules), \
+                 4 IP-set entries; conntrack 7 entries (1 deleted by the last sweep); restored \
+                 at start: 2 endpoints, 3 interfaces (0 programs replaced); pins in \
+                 /sys/fs/bpf/margay/node1"
+            ),
+            "{text}"
+        );
+        let back: StatusDoc = serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
+        assert_eq!(back, d);
     }
 
     #[test]

@@ -152,6 +152,34 @@ pub enum LabCommand {
         /// table or json
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
+        /// After the grid, list each blocked cell with the rule that denied it (from the
+        /// nodes' flow logs).
+        #[arg(long)]
+        explain: bool,
+    },
+    /// Every node's recent flows, merged by time: who connected to whom and which rule
+    /// decided (each node's `margay flows`).
+    Flows {
+        #[command(flatten)]
+        which: Which,
+        /// Only denied connections.
+        #[arg(long)]
+        denied: bool,
+        /// Only flows with an end in this namespace.
+        #[arg(short, long, value_name = "NS")]
+        namespace: Option<String>,
+        /// Only flows to or from pods whose name starts with this (`[namespace/]name`).
+        #[arg(long, value_name = "[NS/]POD")]
+        pod: Option<String>,
+        /// Only flows decided by a policy or profile whose name contains this.
+        #[arg(long, value_name = "NAME")]
+        policy: Option<String>,
+        /// Recent flows per node.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        last: usize,
+        /// table or json (one object per line)
+        #[arg(short = 'o', long, default_value = "table")]
+        output: String,
     },
     /// Print the path of the lab's kubeconfig (`--datastore kubernetes`), for
     /// `kubectl --kubeconfig $(margay lab kubeconfig) get pods -A`.
@@ -351,7 +379,28 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             protocol,
             timeout_ms,
             output,
-        } => matrix_cmd(&which, port, &protocol, timeout_ms, &output, out),
+            explain,
+        } => matrix_cmd(&which, port, &protocol, timeout_ms, &output, explain, out),
+        LabCommand::Flows {
+            which,
+            denied,
+            namespace,
+            pod,
+            policy,
+            last,
+            output,
+        } => flows_cmd(
+            &which,
+            &FlowFilter {
+                denied,
+                namespace,
+                pod,
+                policy,
+                last,
+            },
+            &output,
+            out,
+        ),
         LabCommand::Exec {
             which,
             pod,

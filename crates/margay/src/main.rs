@@ -2,6 +2,7 @@
 //! invoked as, e.g. a `calicoctl` symlink). No logic of its own lives here.
 #![forbid(unsafe_code)]
 
+mod bpf_cmd;
 mod docs;
 
 use std::io::{self, Write};
@@ -81,6 +82,8 @@ enum Role {
     /// of deleted nodes, and in etcd mode the copies of Kubernetes policies, namespaces, service
     /// accounts and pod labels.
     KubeControllers(margay_kube_controllers::cli::KubeControllersArgs),
+    /// Inspect the eBPF dataplane's pinned programs and maps (like calico-node -bpf).
+    Bpf(bpf_cmd::BpfArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(after_help = "Examples:\n  \
         margay completion bash > /etc/bash_completion.d/margay\n  \
@@ -190,7 +193,8 @@ fn main() -> ExitCode {
         | Role::Cni(_)
         | Role::Lab(_)
         | Role::Typha(_)
-        | Role::KubeControllers(_) => "warn".to_string(),
+        | Role::KubeControllers(_)
+        | Role::Bpf(_) => "warn".to_string(),
     });
     let logs = match margay_logging::install(margay_logging::Settings {
         screen_level: level,
@@ -235,6 +239,7 @@ fn main() -> ExitCode {
         }
         Role::Typha(typha) => margay_typha::cli::run_typha(typha, logs.file, &mut io::stdout()),
         Role::Confd(confd) => margay_confd::cli::run_confd(confd, &mut io::stderr()),
+        Role::Bpf(b) => bpf_cmd::run(b, &mut io::stdout().lock(), &mut io::stderr().lock()),
         // The running configuration's log level applies unless --log-level fixed it.
         Role::Completion { shell } => {
             match docs::completion(Cli::command(), shell, &mut io::stdout().lock()) {

@@ -13,12 +13,33 @@ use margay_felix_config::Config;
 use super::StartError;
 use crate::dataplane_config::Encap;
 
-/// A driver, the model it keeps, and (Linux) its nftables counters.
-pub(super) type DriverParts = (
-    Box<dyn DataplaneDriver>,
-    Recording,
-    Option<margay_dataplane::nft_driver::NftStatsHandle>,
-);
+/// A driver, the model it keeps, and its own state for `felix status`.
+pub(super) type DriverParts = (Box<dyn DataplaneDriver>, Recording, Option<DriverStats>);
+
+/// The driver's own state, shared with the status server.
+#[derive(Debug, Clone)]
+pub(super) enum DriverStats {
+    /// The Linux driver's nftables counters.
+    Nft(margay_dataplane::nft_driver::NftStatsHandle),
+    /// The eBPF driver's state (programs, endpoints, blocks, conntrack).
+    Bpf(margay_dataplane::bpf_driver::BpfStatusHandle),
+}
+
+impl DriverStats {
+    pub(super) fn nft_json(&self) -> Option<serde_json::Value> {
+        match self {
+            DriverStats::Nft(h) => serde_json::to_value(&*h.lock()).ok(),
+            DriverStats::Bpf(_) => None,
+        }
+    }
+
+    pub(super) fn bpf_json(&self) -> Option<serde_json::Value> {
+        match self {
+            DriverStats::Bpf(h) => serde_json::to_value(h.get()).ok(),
+            DriverStats::Nft(_) => None,
+        }
+    }
+}
 
 /// The dataplane driver: the Linux one (nftables) unless `MARGAY_DATAPLANE=recording` asks for
 /// the recording driver (computes and records, programs nothing: tests and dry runs).
@@ -98,6 +119,29 @@ pub(super) fn make_driver(
                 default_rp_filter,
                 refresh_interval: config.interface_refresh_interval,
             };
+            if !config.bpf_enabled {
+                // A previous run with BPFEnabled=true left its programs pinned on the
+                // workload interfaces: they would go on enforcing its last rules.
+                let dir = match env.get(ENV_BPF_PIN_DIR) {
+                    Some(d) => PathBuf::from(d),
+                    None => margay_bpf::loader::pin_dir_for(
+                        std::path::Path::new("/sys/fs/bpf/margay"),
+                        hostname,
+                    ),
+                };
+                match margay_bpf::inspect::remove_pins(&dir) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(
+                        pin_dir = %dir.display(),
+                        pins = n,
+                        "BPFEnabled is false: removed the eBPF dataplane's programs and maps left by a previous run"
+                    ),
+                    Err(e) => tracing::warn!(
+                        pin_dir = %dir.display(),
+                        "BPFEnabled is false but the eBPF dataplane's pins could not be removed: {e} (remove them with margay bpf cleanup)"
+                    ),
+                }
+            }
             if config.bpf_enabled {
                 return make_bpf_driver(
                     env,
@@ -128,7 +172,7 @@ pub(super) fn make_driver(
                 "Starting the Linux dataplane driver: nftables table inet margay (nothing is \
                  written before the datastore is in sync)"
             );
-            Ok((Box::new(driver), recording, Some(stats)))
+            Ok((Box::new(driver), recording, Some(DriverStats::Nft(stats))))
         }
         other => Err(StartError::Fatal(format!(
             "MARGAY_DATAPLANE={other:?} is not a dataplane driver: use linux (the default) or recording"
@@ -191,7 +235,8 @@ fn make_bpf_driver(
         "Starting the eBPF dataplane driver (BPFEnabled): policy in BPF programs on the \
          workload interfaces (nothing is written before the datastore is in sync)"
     );
-    Ok((Box::new(driver), recording, None))
+    let stats = DriverStats::Bpf(driver.status_handle());
+    Ok((Box::new(driver), recording, Some(stats)))
 }
 
 /// Overrides where Felix writes the pod MTU (Calico's fixed `/var/lib/calico/mtu`): for tests

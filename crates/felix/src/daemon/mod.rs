@@ -262,7 +262,7 @@ struct Shared {
     config_json: Mutex<serde_json::Value>,
     recording: Recording,
     /// The nftables driver's counters and per-endpoint chains (Linux dataplane only).
-    nft_stats: Option<margay_dataplane::nft_driver::NftStatsHandle>,
+    nft_stats: Option<driver::DriverStats>,
     /// Flow logs (FlowLogsLocalReporter=Enabled, Linux dataplane).
     flows: Option<Arc<crate::flows::FlowLogs>>,
     driver_name: &'static str,

@@ -392,7 +392,7 @@ pub(super) async fn startup(
         .eq_ignore_ascii_case("enabled")
         || file_sink.is_some()
     {
-        if nft_stats.is_some() {
+        if matches!(nft_stats, Some(super::driver::DriverStats::Nft(_))) {
             match crate::flows::FlowLogs::start(&hostname, recording.clone(), file_sink) {
                 Ok(f) => {
                     tracing::info!(

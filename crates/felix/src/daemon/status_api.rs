@@ -138,10 +138,8 @@ async fn status_doc(shared: &Shared, with_config: bool) -> Result<StatusDoc, Str
             driver: shared.driver_name.into(),
             in_sync: in_sync_dp && shared.dp_in_sync.load(Ordering::SeqCst),
             messages_applied: shared.messages_applied.load(Ordering::Relaxed),
-            nft: shared
-                .nft_stats
-                .as_ref()
-                .and_then(|h| serde_json::to_value(&*h.lock()).ok()),
+            nft: shared.nft_stats.as_ref().and_then(|h| h.nft_json()),
+            bpf: shared.nft_stats.as_ref().and_then(|h| h.bpf_json()),
         },
         counts,
         bootstrap: BootstrapView {

@@ -151,10 +151,77 @@ pub(super) fn matrix_cmd(
     protocol: &str,
     timeout_ms: u64,
     output: &str,
+    explain: bool,
     out: &mut dyn Write,
 ) -> Result<u8, LabError> {
     let st = load(which)?;
+    let since = now_ms();
     let m = matrix(&st, port, udp_flag(protocol)?, timeout_ms)?;
+    if explain {
+        // The flow records of the matrix's denied probes (flows are closed every second).
+        std::thread::sleep(Duration::from_millis(1500));
+        let flows = lab_flows(
+            &st,
+            &FlowFilter {
+                denied: true,
+                last: 4095,
+                ..FlowFilter::default()
+            },
+        )?;
+        let proto = if udp_flag(protocol)? { 17 } else { 6 };
+        let ip_of = |id: &str| st.pod(id).and_then(|p| p.ip.clone()).unwrap_or_default();
+        let mut lines = Vec::new();
+        for (from, row) in &m {
+            for (to, ok) in row {
+                if *ok || from == to {
+                    continue;
+                }
+                let (src, dst) = (ip_of(from), ip_of(to));
+                let why = flows
+                    .iter()
+                    .find(|f| {
+                        f["tuple"]["src"] == src.as_str()
+                            && f["tuple"]["dst"] == dst.as_str()
+                            && f["tuple"]["proto"] == proto
+                            && f["tuple"]["dst_port"] == port
+                            && f["end_ms"].as_u64().unwrap_or(0) >= since
+                    })
+                    .map(|f| {
+                        format!(
+                            "{} (node {})",
+                            describe(f),
+                            f["node"].as_str().unwrap_or("?")
+                        )
+                    })
+                    .unwrap_or_else(|| {
+                        "no flow record (flow logs are off on the eBPF dataplane)".into()
+                    });
+                lines.push(format!("{from} -> {to}: {why}"));
+            }
+        }
+        if output == "json" {
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({"matrix": m, "denied": lines}))
+                    .unwrap_or_default()
+            );
+            return Ok(0);
+        }
+        let _ = writeln!(out, "{protocol}/{port}:");
+        let _ = write!(
+            out,
+            "{}",
+            render_matrix(&m, std::io::stdout().is_terminal())
+        );
+        if !lines.is_empty() {
+            let _ = writeln!(out, "denied:");
+            for l in lines {
+                let _ = writeln!(out, "  {l}");
+            }
+        }
+        return Ok(0);
+    }
     match output {
         "json" => {
             let _ = writeln!(
@@ -172,6 +239,117 @@ pub(super) fn matrix_cmd(
             );
         }
         other_o => return Err(other(format!("-o {other_o:?}: use table or json"))),
+    }
+    Ok(0)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(0))
+        .unwrap_or(0)
+}
+
+/// `margay lab flows`' filters (each node's `margay flows` flags).
+#[derive(Debug, Clone, Default)]
+pub(super) struct FlowFilter {
+    pub denied: bool,
+    pub namespace: Option<String>,
+    pub pod: Option<String>,
+    pub policy: Option<String>,
+    pub last: usize,
+}
+
+/// A flow record's rule, for people (what `margay flows` prints after "by").
+fn describe(f: &Value) -> String {
+    match serde_json::from_value::<margay_flows::RuleRef>(f["rule"].clone()) {
+        Ok(r) => r.describe(),
+        Err(_) => f["policy"].as_str().unwrap_or("?").to_string(),
+    }
+}
+
+/// Every running node's recent flows (its Felix's `margay flows -o json`), by time.
+pub(super) fn lab_flows(st: &LabState, filter: &FlowFilter) -> Result<Vec<Value>, LabError> {
+    let mut all = Vec::new();
+    for node in st.nodes.iter().filter(|n| !n.stopped) {
+        let mut c = Command::new(exe()?);
+        c.args([
+            "flows",
+            "-o",
+            "json",
+            "--last",
+            &filter.last.to_string(),
+            "--status-socket",
+        ])
+        .arg(st.node_dir(&node.name).join("felix.sock"));
+        if filter.denied {
+            c.arg("--denied");
+        }
+        for (flag, v) in [
+            ("--namespace", &filter.namespace),
+            ("--pod", &filter.pod),
+            ("--policy", &filter.policy),
+        ] {
+            if let Some(v) = v {
+                c.args([flag, v]);
+            }
+        }
+        let o = c
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| other(format!("margay flows on {}: {e}", node.name)))?;
+        if !o.status.success() {
+            // A node whose Felix keeps no flows (eBPF dataplane) or is restarting: skipped.
+            continue;
+        }
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            if let Ok(v) = serde_json::from_str::<Value>(line) {
+                all.push(v);
+            }
+        }
+    }
+    all.sort_by_key(|f| f["start_ms"].as_u64().unwrap_or(0));
+    Ok(all)
+}
+
+pub(super) fn flows_cmd(
+    which: &Which,
+    filter: &FlowFilter,
+    output: &str,
+    out: &mut dyn Write,
+) -> Result<u8, LabError> {
+    if output != "table" && output != "json" {
+        return Err(other(format!("-o {output:?}: use table or json")));
+    }
+    let st = load(which)?;
+    for f in lab_flows(&st, filter)? {
+        if output == "json" {
+            let _ = writeln!(out, "{f}");
+            continue;
+        }
+        let end = |p: &Value, ip: &Value| {
+            let who = match (p["namespace"].as_str(), p["name"].as_str()) {
+                (Some(ns), Some(n)) if !ns.is_empty() && ns != "-" => format!("{ns}/{n}"),
+                (_, Some(n)) => n.to_string(),
+                _ => "?".into(),
+            };
+            format!("{who} ({})", ip.as_str().unwrap_or("?"))
+        };
+        let _ = writeln!(
+            out,
+            "{:<8} {} -> {} {}/{} {} by {}",
+            f["node"].as_str().unwrap_or("?"),
+            end(&f["source"], &f["tuple"]["src"]),
+            end(&f["dest"], &f["tuple"]["dst"]),
+            f["proto"].as_str().unwrap_or("?"),
+            f["tuple"]["dst_port"],
+            if f["action"] == "deny" {
+                "DENIED"
+            } else {
+                "ALLOWED"
+            },
+            describe(&f)
+        );
     }
     Ok(0)
 }

@@ -242,6 +242,8 @@ pub(crate) fn start_felix(
         // The lab keeps each role's screen output in the node's directory (as calico-node's
         // felix.cfg sets LogFilePath=None and svlogd keeps the screen).
         ("FELIX_LOGFILEPATH".into(), "none".into()),
+        // Flow logs on: `margay lab flows` and `lab matrix --explain` read them.
+        ("FELIX_FLOWLOGSLOCALREPORTER".into(), "Enabled".into()),
         (
             "FELIX_ENDPOINTSTATUSPATHPREFIX".into(),
             dir.join("status").display().to_string(),

@@ -254,7 +254,12 @@ pub fn run_scenarios(
         let t = Instant::now();
         let result = converge(lab, s.port, s.protocol, s.expect);
         match &result {
-            Ok(took) => slowest = slowest.max(*took),
+            Ok(took) => {
+                slowest = slowest.max(*took);
+                if let Err(e) = check_flows(lab, s.port, s.protocol) {
+                    failures.push(format!("{} (flow logs): {e}", s.name));
+                }
+            }
             Err(e) => failures.push(format!("{}: {e}", s.name)),
         }
         eprintln!(
@@ -268,6 +273,75 @@ pub fn run_scenarios(
         }
     }
     (failures, slowest)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Flow logs agree with the matrix: one more matrix, then every probe between two pods has a
+/// flow record on some node — a denied probe a denied flow naming what denied it, an allowed
+/// probe an allowed flow (and no denied one). Skipped on the eBPF dataplane (no flow logs
+/// there yet).
+pub fn check_flows(lab: &Lab, port: u16, protocol: &str) -> Result<(), String> {
+    if std::env::var("MARGAY_LAB_DATAPLANE").as_deref() == Ok("bpf") {
+        return Ok(());
+    }
+    let since = now_ms();
+    let m = lab.matrix(port, protocol);
+    let ips = lab.ips();
+    let proto = if protocol == "udp" { 17 } else { 6 };
+    let t = Instant::now();
+    loop {
+        let out = lab
+            .cmd(&["flows", "-o", "json", "--last", "4095"])
+            .output()
+            .unwrap();
+        let flows: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .filter(|f: &Value| f["end_ms"].as_u64().unwrap_or(0) >= since)
+            .collect();
+        let mut wrong = Vec::new();
+        for (from, row) in &m {
+            for (to, ok) in row {
+                if from == to {
+                    continue;
+                }
+                let of = |f: &Value| {
+                    f["tuple"]["src"] == ips[from].as_str()
+                        && f["tuple"]["dst"] == ips[to].as_str()
+                        && f["tuple"]["proto"] == proto
+                        && f["tuple"]["dst_port"] == port
+                };
+                let denied = flows.iter().find(|f| of(f) && f["action"] == "deny");
+                let allowed = flows.iter().any(|f| of(f) && f["action"] == "allow");
+                match (ok, denied) {
+                    (false, Some(f)) if f["rule"]["origin"]["type"].is_string() => {}
+                    (false, _) => wrong.push(format!("{from} -> {to}: denied, but no denied flow")),
+                    (true, Some(f)) => wrong.push(format!(
+                        "{from} -> {to}: allowed, but a denied flow: {}",
+                        f["policy"]
+                    )),
+                    (true, None) if !allowed => {
+                        wrong.push(format!("{from} -> {to}: allowed, but no allowed flow"))
+                    }
+                    (true, None) => {}
+                }
+            }
+        }
+        if wrong.is_empty() {
+            return Ok(());
+        }
+        // Flows are closed every second.
+        if t.elapsed() > Duration::from_secs(6) {
+            return Err(format!("{wrong:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 pub fn diff(got: &BTreeMap<String, BTreeMap<String, bool>>, expect: Expect) -> Vec<String> {
