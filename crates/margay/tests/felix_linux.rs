@@ -1001,8 +1001,9 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
             .collect();
         // Enforcement holds during the flood.
         std::thread::sleep(Duration::from_millis(500));
+        // On a loaded machine a probe process may itself start late: a few tries.
         assert!(
-            env.tcp(WEB, env.pods[DB].1, 81, "3"),
+            (0..3).any(|_| env.tcp(WEB, env.pods[DB].1, 81, "5")),
             "allowed during the flood"
         );
         assert!(
@@ -1015,7 +1016,15 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
     std::thread::sleep(Duration::from_millis(1500));
     let out = env
         .margay()
-        .args(["flows", "-o", "json", "--last", "5", "--status-socket"])
+        .args([
+            "flows",
+            "-o",
+            "json",
+            "--denied",
+            "--last",
+            "5",
+            "--status-socket",
+        ])
         .arg(env.socket())
         .output()
         .unwrap();
@@ -1045,7 +1054,8 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
     // Everything sent is accounted for: seen by Felix, or dropped by the kernel for want of
     // buffer (counted as overruns, in batches), never silently.
     assert!(seen > 0 && (seen + shed > 0));
-    if flood > 4 * 10_000 + 1000 {
+    // Each datagram makes two new flows (web's egress allowed, db's ingress denied).
+    if flood > 4 * 10_000 {
         assert!(
             shed > 0 || overruns > 0,
             "more than 10k new flows a second and nothing shed"
