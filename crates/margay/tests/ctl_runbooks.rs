@@ -54,6 +54,21 @@ impl Cluster {
         self.margay().arg("ctl").args(args).output().unwrap()
     }
 
+    /// `margay ctl` against a Kubernetes API server (the migration's target).
+    fn kube_ctl(&self, kubeconfig: &Path, args: &[&str]) -> Output {
+        Command::cargo_bin("margay")
+            .unwrap()
+            .env_clear()
+            .env("HOME", self.dir.path())
+            .env("DATASTORE_TYPE", "kubernetes")
+            .env("KUBECONFIG", kubeconfig)
+            .timeout(std::time::Duration::from_secs(60))
+            .arg("ctl")
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
     fn file(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -452,19 +467,7 @@ fn datastore_migrate_moves_a_cluster_to_the_kubernetes_datastore() {
             serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "k8s-n1"}}),
         )
         .unwrap();
-    let kube = |args: &[&str]| -> Output {
-        Command::cargo_bin("margay")
-            .unwrap()
-            .env_clear()
-            .env("HOME", cluster.dir.path())
-            .env("DATASTORE_TYPE", "kubernetes")
-            .env("KUBECONFIG", &kubeconfig)
-            .timeout(std::time::Duration::from_secs(60))
-            .arg("ctl")
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let kube = |args: &[&str]| cluster.kube_ctl(&kubeconfig, args);
     let out = kube(&[
         "datastore",
         "migrate",
@@ -801,19 +804,7 @@ spec: {orchestrator: k8s, node: n1, pod: db-1, endpoint: eth0, interfaceName: ca
         }),
     )
     .unwrap();
-    let kube = |args: &[&str]| -> Output {
-        Command::cargo_bin("margay")
-            .unwrap()
-            .env_clear()
-            .env("HOME", cluster.dir.path())
-            .env("DATASTORE_TYPE", "kubernetes")
-            .env("KUBECONFIG", &kubeconfig)
-            .timeout(std::time::Duration::from_secs(60))
-            .arg("ctl")
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let kube = |args: &[&str]| cluster.kube_ctl(&kubeconfig, args);
     let out = kube(&[
         "datastore",
         "migrate",
