@@ -159,6 +159,10 @@ pub struct StatusDoc {
     pub endpoints: Vec<EndpointView>,
     pub ip_sets: Vec<IpSetView>,
     pub problems: Vec<ProblemView>,
+    /// The service ports the dataplane has (`<ns>/<name>/<protocol>/<port name>` → frontends
+    /// and backends).
+    #[serde(default)]
+    pub services: BTreeMap<String, serde_json::Value>,
     /// Only in `all`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<serde_json::Value>,
@@ -794,6 +798,7 @@ mod tests {
                 stage: "validation".into(),
                 reason: "spec.selector: bad".into(),
             }],
+            services: BTreeMap::new(),
             config: None,
         }
     }

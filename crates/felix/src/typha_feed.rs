@@ -28,6 +28,8 @@ pub const TYPHA_CONNECTION: &str = "TyphaConnection";
 pub enum FeedItem {
     Syncer(SyncerEvent),
     Block(BlockEvent),
+    /// Kubernetes Services and EndpointSlices (Typha in the Kubernetes datastore carries them).
+    Services(Vec<margay_datastore::kube::services::ServiceEvent>),
     Connection(ConnectionState),
 }
 
@@ -196,6 +198,10 @@ impl Converter {
                 if s == SyncStatus::InSync {
                     // Blocks travel in the same stream: they are complete too.
                     out.push(FeedItem::Block(BlockEvent::InSync));
+                    // So are the services (a Typha that carries none has none to give).
+                    out.push(FeedItem::Services(vec![
+                        margay_datastore::kube::services::ServiceEvent::InSync,
+                    ]));
                 }
                 out.push(FeedItem::Syncer(SyncerEvent::Status(s)));
                 out
@@ -218,6 +224,18 @@ impl Converter {
                     }
                     out.push(FeedItem::Block(ev));
                 }
+                continue;
+            }
+            if let Some(ev) = margay_datastore::kube::services::event_from_kv(
+                &kv.key,
+                kv.value.as_deref(),
+            ) {
+                if !updates.is_empty() {
+                    out.push(FeedItem::Syncer(SyncerEvent::Updates(std::mem::take(
+                        &mut updates,
+                    ))));
+                }
+                out.push(FeedItem::Services(vec![ev]));
                 continue;
             }
             match client::to_update_or_deleted(&kv) {
@@ -377,8 +395,36 @@ mod tests {
             out,
             vec![
                 FeedItem::Block(BlockEvent::InSync),
+                FeedItem::Services(vec![
+                    margay_datastore::kube::services::ServiceEvent::InSync
+                ]),
                 FeedItem::Syncer(SyncerEvent::Status(SyncStatus::InSync))
             ]
         );
+        // Services and EndpointSlices in margay's key space become service events; a key
+        // Felix does not know is ignored, never a failure.
+        let out = c.convert(ClientEvent::Kvs(vec![
+            Kv {
+                key: "/margay/kubernetes/endpointslices/ns1/web-1".into(),
+                value: Some(Bytes::from_static(br#"{"metadata":{"name":"web-1"}}"#)),
+                revision: 9,
+                kind: UpdateKind::New,
+            },
+            Kv {
+                key: "/margay/unknown/x".into(),
+                value: Some(Bytes::from_static(b"{}")),
+                revision: 9,
+                kind: UpdateKind::New,
+            },
+        ]));
+        assert_eq!(out.len(), 1, "{out:?}");
+        let FeedItem::Services(evs) = &out[0] else {
+            panic!("{out:?}")
+        };
+        assert!(matches!(
+            &evs[0],
+            margay_datastore::kube::services::ServiceEvent::Update { namespace, name, object: Some(_), .. }
+                if namespace == "ns1" && name == "web-1"
+        ));
     }
 }

@@ -211,6 +211,7 @@ pub async fn run_async(opts: DaemonOptions) -> u8 {
         let p = PipelineOptions {
             max_batch: config.snapshot_cache_max_batch_size,
             batching_age: config.server_min_batching_age,
+            kubernetes_services: matches!(backend, margay_datastore::AnyBackend::Kube(_)),
             ..PipelineOptions::default()
         };
         let task = tokio::spawn(upstream::run(backend.clone(), ty, cache, p, stats.clone()));

@@ -97,6 +97,31 @@ impl SyncerType {
         v
     }
 
+    /// Kubernetes Services and EndpointSlices (margay's key space outside `/calico/`), which
+    /// the felix syncer also carries when the datastore is the Kubernetes API: Felix's service
+    /// proxy reads them (Calico's felixsyncer watches them in KDD mode).
+    pub fn service_prefixes(self) -> &'static [&'static str] {
+        use margay_datastore::kube::services::{ENDPOINT_SLICES_KEY_ROOT, SERVICES_KEY_ROOT};
+        match self {
+            SyncerType::Felix => &[SERVICES_KEY_ROOT, ENDPOINT_SLICES_KEY_ROOT],
+            SyncerType::Bgp => &[],
+        }
+    }
+
+    /// [`SyncerType::classify`], with the service keys when `services` says they are carried
+    /// (served as stored, like the IPAM keys).
+    pub fn classify_with(self, key: &str, services: bool) -> Option<KeyClass> {
+        if services
+            && self
+                .service_prefixes()
+                .iter()
+                .any(|p| key.starts_with(p))
+        {
+            return Some(KeyClass::Raw);
+        }
+        self.classify(key)
+    }
+
     /// Whether this syncer type carries `key`, and as what.
     pub fn classify(self, key: &str) -> Option<KeyClass> {
         if key.starts_with(self.raw_prefix()) {
@@ -137,6 +162,18 @@ mod tests {
         assert_eq!(SyncerType::Bgp.classify(aff), Some(KeyClass::Raw));
         assert_eq!(SyncerType::Felix.classify("/calico/ipam/v2/handle/x"), None);
         assert_eq!(SyncerType::Felix.classify("/calico/felix/v2/x"), None);
+        let svc = "/margay/kubernetes/services/ns1/web";
+        assert_eq!(SyncerType::Felix.classify(svc), None);
+        assert_eq!(SyncerType::Felix.classify_with(svc, false), None);
+        assert_eq!(
+            SyncerType::Felix.classify_with(svc, true),
+            Some(KeyClass::Raw)
+        );
+        assert_eq!(SyncerType::Bgp.classify_with(svc, true), None);
+        assert!(matches!(
+            SyncerType::Felix.classify_with(pol, true),
+            Some(KeyClass::Resource(_))
+        ));
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct PipelineOptions {
     pub batching_age: Duration,
     /// Publish a revision-only crumb at most this often.
     pub progress_interval: Duration,
+    /// Also carry Kubernetes Services and EndpointSlices (the Kubernetes datastore: only it
+    /// has them; over etcd their prefix would widen the one watch to the whole key space).
+    pub kubernetes_services: bool,
 }
 
 impl Default for PipelineOptions {
@@ -48,6 +51,7 @@ impl Default for PipelineOptions {
             max_batch: 100,
             batching_age: Duration::from_millis(10),
             progress_interval: Duration::from_secs(1),
+            kubernetes_services: false,
         }
     }
 }
@@ -108,7 +112,11 @@ pub async fn run<B: KvBackend>(
     let mut delay = Duration::from_millis(200);
     let mut last_publish = Instant::now();
     cache.set_status(SyncStatus::WaitForDatastore, 0);
-    let prefixes = ty.watch_prefixes();
+    let mut prefixes = ty.watch_prefixes();
+    if opts.kubernetes_services {
+        prefixes.extend(ty.service_prefixes().iter().map(|p| p.to_string()));
+    }
+    let services = opts.kubernetes_services;
     loop {
         stats.lists.fetch_add(1, Ordering::Relaxed);
         let listed = match backend.list_many(&prefixes).await {
@@ -126,7 +134,7 @@ pub async fn run<B: KvBackend>(
         }
         let mut seen: HashMap<String, i64> = HashMap::with_capacity(known.len());
         for kv in &listed.kvs {
-            let Some(class) = ty.classify(&kv.key) else {
+            let Some(class) = ty.classify_with(&kv.key, services) else {
                 continue;
             };
             seen.insert(kv.key.clone(), kv.mod_revision);
@@ -216,7 +224,7 @@ pub async fn run<B: KvBackend>(
             for ev in events {
                 last_rev = Some(ev.revision());
                 let key = ev.key();
-                let Some(class) = ty.classify(key) else {
+                let Some(class) = ty.classify_with(key, services) else {
                     continue;
                 };
                 stats.updates.fetch_add(1, Ordering::Relaxed);

@@ -136,6 +136,10 @@ impl Converter {
                 Some((id, json)) => Some(kv((route::handle_key(&id), to_bytes(&json)?))),
                 None => None,
             },
+            Source::Services | Source::EndpointSlices => {
+                let key = derived_key(source, obj).ok_or_else(|| err(&"no namespace or name"))?;
+                Some(kv((key, to_bytes(&proxy_view(obj))?)))
+            }
         })
     }
 
@@ -240,9 +244,22 @@ impl Converter {
             Source::Namespaces
             | Source::ServiceAccounts
             | Source::DefaultAllow
-            | Source::K8sNetworkPolicies => Err(read_only(target.source, key)),
+            | Source::K8sNetworkPolicies
+            | Source::Services
+            | Source::EndpointSlices => Err(read_only(target.source, key)),
         }
     }
+}
+
+/// A Service or EndpointSlice without what no proxy reads and what makes objects large
+/// (managed fields, annotations such as kubectl's last-applied configuration).
+fn proxy_view(obj: &Value) -> Value {
+    let mut v = obj.clone();
+    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+        meta.remove("annotations");
+    }
+    v
 }
 
 fn is_ipam(source: Source) -> bool {
@@ -308,6 +325,16 @@ fn derived_key(source: Source, obj: &Value) -> Option<String> {
             field("namespace")?,
             format!("knp.default.{}", field("name")?),
         )),
+        Source::Services => Some(super::services::object_key(
+            super::services::ServiceObjectKind::Service,
+            field("namespace")?,
+            field("name")?,
+        )),
+        Source::EndpointSlices => Some(super::services::object_key(
+            super::services::ServiceObjectKind::EndpointSlice,
+            field("namespace")?,
+            field("name")?,
+        )),
         Source::DefaultAllow
         | Source::IpamBlocks
         | Source::BlockAffinities
@@ -328,6 +355,9 @@ pub fn read_only(source: Source, key: &str) -> String {
         }
         Source::Pods => "WorkloadEndpoints follow their Pods",
         Source::Nodes => "Calico Nodes are the cluster's Kubernetes Nodes",
+        Source::Services | Source::EndpointSlices => {
+            "margay only reads them for its service proxy; change them with kubectl"
+        }
         _ => "it is derived",
     };
     format!(

@@ -453,7 +453,9 @@ impl KubeBackend {
             | Source::Namespaces
             | Source::ServiceAccounts
             | Source::DefaultAllow
-            | Source::K8sNetworkPolicies => Err(conv_err(read_only(target.source, key))),
+            | Source::K8sNetworkPolicies
+            | Source::Services
+            | Source::EndpointSlices => Err(conv_err(read_only(target.source, key))),
             _ => {
                 // The reply holds the object as it was; without one (a Status), read it first.
                 // One that does not convert is deleted all the same (as an undecodable etcd

@@ -52,6 +52,10 @@ pub enum Source {
     BlockAffinities,
     /// IPAM handles (IPAMHandle custom resources).
     IpamHandles,
+    /// Kubernetes Services, as they are (margay's key space, for Typha's clients).
+    Services,
+    /// Kubernetes EndpointSlices, as they are (margay's key space, for Typha's clients).
+    EndpointSlices,
 }
 
 /// An API resource's address.
@@ -175,6 +179,8 @@ pub fn all_sources() -> Vec<Source> {
         Source::IpamBlocks,
         Source::BlockAffinities,
         Source::IpamHandles,
+        Source::Services,
+        Source::EndpointSlices,
     ]);
     v
 }
@@ -199,6 +205,8 @@ impl Source {
             Source::IpamBlocks => Some(IPAM_BLOCKS),
             Source::BlockAffinities => Some(BLOCK_AFFINITIES),
             Source::IpamHandles => Some(IPAM_HANDLES),
+            Source::Services => Some(SERVICES),
+            Source::EndpointSlices => Some(ENDPOINT_SLICES),
         }
     }
 
@@ -218,6 +226,8 @@ impl Source {
             Source::IpamBlocks => IPAM_BLOCKS_ROOT.to_string(),
             Source::BlockAffinities => IPAM_HOSTS_ROOT.to_string(),
             Source::IpamHandles => IPAM_HANDLES_ROOT.to_string(),
+            Source::Services => super::services::SERVICES_KEY_ROOT.to_string(),
+            Source::EndpointSlices => super::services::ENDPOINT_SLICES_KEY_ROOT.to_string(),
         }
     }
 
@@ -225,7 +235,10 @@ impl Source {
     fn namespaced_keys(self) -> bool {
         match self {
             Source::Crd(kind) => kind.is_namespaced(),
-            Source::Pods | Source::K8sNetworkPolicies => true,
+            Source::Pods
+            | Source::K8sNetworkPolicies
+            | Source::Services
+            | Source::EndpointSlices => true,
             _ => false,
         }
     }
@@ -245,6 +258,8 @@ impl Source {
             Source::IpamBlocks => "IPAM blocks".into(),
             Source::BlockAffinities => "IPAM block affinities".into(),
             Source::IpamHandles => "IPAM handles".into(),
+            Source::Services => "Kubernetes Services".into(),
+            Source::EndpointSlices => "Kubernetes EndpointSlices".into(),
         }
     }
 }
@@ -373,6 +388,16 @@ pub fn route_key(key: &str) -> Result<Target, RouteError> {
             source: Source::BlockAffinities,
             namespace: None,
             name: names::block_affinity_name(host, &cidr),
+        });
+    }
+    if let Some((kind, ns, name)) = super::services::parse_object_key(key) {
+        return Ok(Target {
+            source: match kind {
+                super::services::ServiceObjectKind::Service => Source::Services,
+                super::services::ServiceObjectKind::EndpointSlice => Source::EndpointSlices,
+            },
+            namespace: Some(ns.to_string()),
+            name: name.to_string(),
         });
     }
     if let Some(id) = key.strip_prefix(IPAM_HANDLES_ROOT) {
@@ -592,7 +617,21 @@ mod tests {
     #[test]
     fn prefixes_name_the_sources_under_them() {
         let everything = route_prefix("/calico/");
-        assert_eq!(everything.len(), all_sources().len());
+        // Every source but the Services and EndpointSlices, which live outside `/calico/`.
+        assert_eq!(everything.len(), all_sources().len() - 2);
+        let services: Vec<Source> = route_prefix(super::super::services::KEY_ROOT)
+            .iter()
+            .map(|q| q.source)
+            .collect();
+        assert_eq!(services, [Source::Services, Source::EndpointSlices]);
+        let one_ns = route_prefix("/margay/kubernetes/services/ns1/");
+        assert_eq!(one_ns.len(), 1);
+        assert_eq!(one_ns[0].namespace.as_deref(), Some("ns1"));
+        let t = route_key("/margay/kubernetes/endpointslices/ns1/web-1").unwrap();
+        assert_eq!(
+            (t.source, t.namespace.as_deref(), t.name.as_str()),
+            (Source::EndpointSlices, Some("ns1"), "web-1")
+        );
         assert!(
             everything
                 .iter()

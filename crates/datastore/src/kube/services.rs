@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use futures_util::StreamExt;
 use kube::core::WatchEvent;
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::api::{ApiError, KubeApi, parse_revision, resource_version};
 use super::route::{ApiResource, ENDPOINT_SLICES, SERVICES};
@@ -40,12 +40,78 @@ pub enum ServiceEvent {
     InSync,
 }
 
+/// Where Typha carries Services and EndpointSlices to its clients (`<root><namespace>/<name>`,
+/// the value the object's JSON). Outside `/calico/`, so no Calico key can collide with them;
+/// clients that do not know the prefix ignore the keys, as they ignore any key they do not use.
+pub const KEY_ROOT: &str = "/margay/kubernetes/";
+pub const SERVICES_KEY_ROOT: &str = "/margay/kubernetes/services/";
+pub const ENDPOINT_SLICES_KEY_ROOT: &str = "/margay/kubernetes/endpointslices/";
+
+impl ServiceObjectKind {
+    pub fn key_root(self) -> &'static str {
+        match self {
+            ServiceObjectKind::Service => SERVICES_KEY_ROOT,
+            ServiceObjectKind::EndpointSlice => ENDPOINT_SLICES_KEY_ROOT,
+        }
+    }
+}
+
+/// The key of one object in margay's key space.
+pub fn object_key(kind: ServiceObjectKind, namespace: &str, name: &str) -> String {
+    format!("{}{namespace}/{name}", kind.key_root())
+}
+
+/// The object a key names (None: not one of these keys, or malformed).
+pub fn parse_object_key(key: &str) -> Option<(ServiceObjectKind, &str, &str)> {
+    let (kind, rest) = if let Some(r) = key.strip_prefix(SERVICES_KEY_ROOT) {
+        (ServiceObjectKind::Service, r)
+    } else {
+        (
+            ServiceObjectKind::EndpointSlice,
+            key.strip_prefix(ENDPOINT_SLICES_KEY_ROOT)?,
+        )
+    };
+    let (ns, name) = rest.split_once('/')?;
+    (!ns.is_empty() && !name.is_empty() && !name.contains('/')).then_some((kind, ns, name))
+}
+
+/// The event a key/value pair in that key space stands for (None: not such a key). A value
+/// that is not JSON counts as a deletion, with a warning.
+pub fn event_from_kv(key: &str, value: Option<&[u8]>) -> Option<ServiceEvent> {
+    let (kind, ns, name) = parse_object_key(key)?;
+    let object = value.and_then(|v| match serde_json::from_slice::<Value>(v) {
+        Ok(o) => Some(o),
+        Err(e) => {
+            tracing::warn!(key, error = %e, "not a JSON object; treating it as deleted");
+            None
+        }
+    });
+    Some(ServiceEvent::Update {
+        kind,
+        namespace: ns.to_string(),
+        name: name.to_string(),
+        object,
+    })
+}
+
 /// Events sent in one batch at most.
 const MAX_BATCH: usize = 512;
 
 /// Lists and watches Services and EndpointSlices until `tx` is closed. Failures are retried
 /// with backoff (a cluster without the resources simply has none).
 pub async fn watch_services(api: KubeApi, tx: mpsc::Sender<Vec<ServiceEvent>>) {
+    let (health, _) = watch::channel(None);
+    watch_services_reporting(api, tx, health).await
+}
+
+/// [`watch_services`], also saying how it goes: `health` holds the last failure (`Some`,
+/// naming the resource and the error) until a list or watch succeeds again (`None`), so a
+/// consumer can show it without the watch ever giving up.
+pub async fn watch_services_reporting(
+    api: KubeApi,
+    tx: mpsc::Sender<Vec<ServiceEvent>>,
+    health: watch::Sender<Option<String>>,
+) {
     let listed = Arc::new(AtomicUsize::new(0));
     let a = one(
         api.clone(),
@@ -53,6 +119,7 @@ pub async fn watch_services(api: KubeApi, tx: mpsc::Sender<Vec<ServiceEvent>>) {
         ServiceObjectKind::Service,
         tx.clone(),
         listed.clone(),
+        health.clone(),
     );
     let b = one(
         api,
@@ -60,6 +127,7 @@ pub async fn watch_services(api: KubeApi, tx: mpsc::Sender<Vec<ServiceEvent>>) {
         ServiceObjectKind::EndpointSlice,
         tx,
         listed,
+        health,
     );
     // Each ends only when the consumer is gone.
     tokio::join!(a, b);
@@ -82,7 +150,19 @@ async fn one(
     kind: ServiceObjectKind,
     tx: mpsc::Sender<Vec<ServiceEvent>>,
     listed: Arc<AtomicUsize>,
+    health: watch::Sender<Option<String>>,
 ) {
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        let msg = format!("{what} {}: {e}", res.display());
+        health.send_if_modified(|h| {
+            let changed = h.as_deref() != Some(msg.as_str());
+            *h = Some(msg.clone());
+            changed
+        });
+    };
+    let ok = || {
+        health.send_if_modified(|h| h.take().is_some());
+    };
     // What the consumer has: (namespace, name) → resourceVersion.
     let mut known: HashMap<(String, String), String> = HashMap::new();
     let mut first = true;
@@ -96,6 +176,7 @@ async fn one(
             Err(e) => {
                 failures += 1;
                 tracing::debug!(resource = %res.display(), error = %e, "listing failed; retrying");
+                fail("listing", &e);
                 tokio::select! {
                     _ = tokio::time::sleep(KubeApi::backoff(failures)) => {}
                     _ = tx.closed() => return,
@@ -104,6 +185,7 @@ async fn one(
             }
         };
         failures = 0;
+        ok();
         let mut batch = Vec::new();
         let mut seen: HashMap<(String, String), String> =
             HashMap::with_capacity(listing.items.len());
@@ -146,11 +228,15 @@ async fn one(
         let mut rv = listing.resource_version;
         loop {
             let stream = match api.watch(&res, None, None, &rv).await {
-                Ok(s) => s,
+                Ok(s) => {
+                    ok();
+                    s
+                }
                 Err(ApiError::Gone(_)) => continue 'list,
                 Err(e) => {
                     failures += 1;
                     tracing::debug!(resource = %res.display(), error = %e, "watch request failed; retrying");
+                    fail("watching", &e);
                     tokio::time::sleep(KubeApi::backoff(failures)).await;
                     if failures > 5 {
                         continue 'list;
@@ -209,7 +295,14 @@ async fn one(
                         }
                         Ok(WatchEvent::Error(status)) if status.code == 410 => relist = true,
                         Err(ApiError::Gone(_)) => relist = true,
-                        Ok(WatchEvent::Error(_)) | Err(_) => failures += 1,
+                        Ok(WatchEvent::Error(status)) => {
+                            failures += 1;
+                            fail("watching", &status.message);
+                        }
+                        Err(e) => {
+                            failures += 1;
+                            fail("watching", &e);
+                        }
                     }
                 }
                 if !batch.is_empty() && tx.send(batch).await.is_err() {
@@ -226,5 +319,36 @@ async fn one(
                 tokio::time::sleep(KubeApi::backoff(failures)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_keys_round_trip_and_refuse_other_keys() {
+        for kind in [ServiceObjectKind::Service, ServiceObjectKind::EndpointSlice] {
+            let key = object_key(kind, "ns1", "web");
+            assert_eq!(parse_object_key(&key), Some((kind, "ns1", "web")));
+            assert!(key.starts_with(KEY_ROOT));
+        }
+        for bad in [
+            "/calico/resources/v3/projectcalico.org/networkpolicies/ns/p",
+            "/margay/kubernetes/services/ns1",
+            "/margay/kubernetes/services//web",
+            "/margay/kubernetes/services/ns1/",
+            "/margay/kubernetes/services/ns1/a/b",
+            "/margay/kubernetes/pods/ns1/a",
+        ] {
+            assert_eq!(parse_object_key(bad), None, "{bad}");
+        }
+        let ev = event_from_kv(
+            "/margay/kubernetes/services/ns1/web",
+            Some(br#"{"metadata":{"name":"web"}}"#),
+        );
+        assert!(matches!(ev, Some(ServiceEvent::Update { object: Some(_), .. })));
+        let ev = event_from_kv("/margay/kubernetes/services/ns1/web", Some(b"{not json"));
+        assert!(matches!(ev, Some(ServiceEvent::Update { object: None, .. })));
     }
 }

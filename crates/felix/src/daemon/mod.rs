@@ -22,6 +22,7 @@
 mod driver;
 mod pipeline;
 mod servers;
+pub mod services;
 mod startup;
 mod status_api;
 mod typha;
@@ -221,6 +222,8 @@ enum CalcInput {
     Status(SyncStatus),
     /// IPAM blocks (for routes), from their own watch.
     Block(crate::blocks::BlockEvent),
+    /// Kubernetes Services and EndpointSlices (their own watch, or Typha's stream).
+    Services(Vec<services::ServiceInput>),
     Query(oneshot::Sender<GraphSnapshot>),
 }
 
@@ -293,6 +296,8 @@ struct Started {
     servers: Vec<tokio::task::JoinHandle<()>>,
     syncer: tokio::task::JoinHandle<()>,
     blocks: tokio::task::JoinHandle<()>,
+    /// The Services watch (None: none runs, or they come through Typha).
+    services: Option<tokio::task::JoinHandle<()>>,
     stop_servers: watch::Sender<bool>,
 }
 
@@ -406,6 +411,9 @@ impl Daemon {
         // the pipeline threads run down as their channels close.
         started.syncer.abort();
         started.blocks.abort();
+        if let Some(s) = &started.services {
+            s.abort();
+        }
         let _ = started.stop_servers.send(true);
         lock(&control.running).take();
         if let Some(f) = &started.shared.flows {

@@ -31,6 +31,7 @@ pub(super) fn calc_loop(
     dp_tx: smpsc::Sender<Vec<Message>>,
     shared: Arc<Shared>,
     encap: EncapPolicy,
+    services_pending: bool,
 ) {
     let m = shared.metrics.clone();
     let mut sync = SyncStatus::WaitForDatastore;
@@ -44,6 +45,9 @@ pub(super) fn calc_loop(
     // In sync means the resources and the IPAM blocks have both been listed: routes computed
     // before the blocks are known would be wrong (per-workload instead of per-block).
     let mut blocks_in_sync = false;
+    // And the Services and EndpointSlices (when they are watched): a service programmed
+    // before its slices are listed would reject its clients for a moment.
+    let mut services_in_sync = !services_pending;
     shared.health.report(CALCULATION_GRAPH, true, false);
     loop {
         let now = Instant::now();
@@ -76,7 +80,8 @@ pub(super) fn calc_loop(
                     m.resyncs_started.inc();
                 }
                 sync = s;
-                if s == SyncStatus::InSync && blocks_in_sync && !graph.in_sync() {
+                if s == SyncStatus::InSync && blocks_in_sync && services_in_sync && !graph.in_sync()
+                {
                     tracing::info!("First time we've been in sync");
                     graph.on_in_sync();
                     dirty = true;
@@ -92,13 +97,26 @@ pub(super) fn calc_loop(
                     crate::blocks::BlockEvent::Block(cidr, host) => graph.on_ipam_block(cidr, host),
                     crate::blocks::BlockEvent::InSync => {
                         blocks_in_sync = true;
-                        if sync == SyncStatus::InSync && !graph.in_sync() {
+                        if sync == SyncStatus::InSync && services_in_sync && !graph.in_sync() {
                             tracing::info!("First time we've been in sync");
                             graph.on_in_sync();
                             flush_now = true;
                         }
                     }
                 }
+                dirty = true;
+            }
+            Ok(CalcInput::Services(inputs)) => {
+                let n = inputs.len() as u64;
+                if super::services::apply(&mut graph, inputs) && !services_in_sync {
+                    services_in_sync = true;
+                    if sync == SyncStatus::InSync && blocks_in_sync && !graph.in_sync() {
+                        tracing::info!("First time we've been in sync");
+                        graph.on_in_sync();
+                        flush_now = true;
+                    }
+                }
+                m.calc_updates_processed.add("KubernetesService", n);
                 dirty = true;
             }
             Ok(CalcInput::Query(reply)) => {

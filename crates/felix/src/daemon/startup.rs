@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 use super::driver::{make_driver, pool_encap};
 use super::pipeline::{calc_loop, dataplane_loop};
 use super::servers::HealthServer;
+use super::services::{ServiceSource, service_source};
 use super::typha::{Source, TyphaStart, run_typha_feed, typha_startup};
 use super::validation::{ConfigWatch, validation_loop};
 use super::{
@@ -80,6 +81,8 @@ pub(super) async fn startup(
     let mut said_no_file = false;
 
     tracing::info!("Loading configuration...");
+    // Where Services come from (decided with the datastore; Typha carries them itself).
+    let mut svc_source = ServiceSource::None;
     let (local, ds_desc, source, ds_inputs, loaded) = 'config: loop {
         health.report(FELIX_STARTUP, true, false);
         let local = match LocalInputs::read(
@@ -253,6 +256,7 @@ pub(super) async fn startup(
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
+            svc_source = service_source(&opts.env, &ds_cfg, &backend);
             break 'config (
                 local,
                 ds_cfg.describe(),
@@ -457,6 +461,9 @@ pub(super) async fn startup(
     health.register(CALCULATION_GRAPH, true, true, CALC_GRAPH_TIMEOUT);
     let (calc_tx, calc_rx) = smpsc::channel::<CalcInput>();
     *lock(&shared.calc_tx) = Some(calc_tx.clone());
+    // Through Typha the services arrive in its stream and are complete with it.
+    let services_pending =
+        matches!(source, Source::Typha { .. }) || !matches!(svc_source, ServiceSource::None);
     {
         let shared = shared.clone();
         let graph = CalcGraph::new(CalcConfig {
@@ -469,12 +476,18 @@ pub(super) async fn startup(
         });
         std::thread::Builder::new()
             .name("felix-calc".into())
-            .spawn(move || calc_loop(calc_rx, graph, dp_tx, shared, encap))
+            .spawn(move || calc_loop(calc_rx, graph, dp_tx, shared, encap, services_pending))
             .map_err(|e| StartError::Fatal(format!("cannot start the calculation thread: {e}")))?;
     }
 
     // The syncer (or Typha) and the validation filter.
     let (sync_tx, sync_rx) = mpsc::channel::<SyncerEvent>(16);
+    let services_task = match source {
+        Source::Typha { .. } => None,
+        Source::Datastore(_) => {
+            super::services::start(svc_source, calc_tx.clone(), shared.clone())
+        }
+    };
     let (syncer_task, blocks_task) = match source {
         Source::Datastore(backend) => {
             let syncer =
@@ -535,6 +548,7 @@ pub(super) async fn startup(
         servers,
         syncer: syncer_task,
         blocks: blocks_task,
+        services: services_task,
         stop_servers,
     })
 }

@@ -105,9 +105,15 @@ async fn status_doc(shared: &Shared, with_config: bool) -> Result<StatusDoc, Str
             .collect(),
         _ => BTreeMap::new(),
     };
-    let (endpoints, in_sync_dp) = {
+    let (endpoints, in_sync_dp, services) = {
         let rec = shared.recording.lock();
-        (endpoint_views(&rec.model), rec.model.in_sync)
+        let services: BTreeMap<String, serde_json::Value> = rec
+            .model
+            .services
+            .iter()
+            .filter_map(|(id, s)| Some((id.to_string(), serde_json::to_value(&**s).ok()?)))
+            .collect();
+        (endpoint_views(&rec.model), rec.model.in_sync, services)
     };
     let mut problems: Vec<ProblemView> = lock(&shared.invalid)
         .iter()
@@ -159,6 +165,7 @@ async fn status_doc(shared: &Shared, with_config: bool) -> Result<StatusDoc, Str
             })
             .collect(),
         problems,
+        services,
         config: with_config.then(|| lock(&shared.config_json).clone()),
     })
 }

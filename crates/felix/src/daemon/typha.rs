@@ -165,6 +165,12 @@ pub(super) async fn run_typha_feed(
                         return;
                     }
                 }
+                FeedItem::Services(evs) => {
+                    let inputs = evs.into_iter().map(super::services::decode).collect();
+                    if calc_tx.send(CalcInput::Services(inputs)).is_err() {
+                        return;
+                    }
+                }
                 FeedItem::Connection(c) => report_typha(&health, &c),
             }
         }
