@@ -226,10 +226,9 @@ impl Converter {
                 }
                 continue;
             }
-            if let Some(ev) = margay_datastore::kube::services::event_from_kv(
-                &kv.key,
-                kv.value.as_deref(),
-            ) {
+            if let Some(ev) =
+                margay_datastore::kube::services::event_from_kv(&kv.key, kv.value.as_deref())
+            {
                 if !updates.is_empty() {
                     out.push(FeedItem::Syncer(SyncerEvent::Updates(std::mem::take(
                         &mut updates,
@@ -395,9 +394,7 @@ mod tests {
             out,
             vec![
                 FeedItem::Block(BlockEvent::InSync),
-                FeedItem::Services(vec![
-                    margay_datastore::kube::services::ServiceEvent::InSync
-                ]),
+                FeedItem::Services(vec![margay_datastore::kube::services::ServiceEvent::InSync]),
                 FeedItem::Syncer(SyncerEvent::Status(SyncStatus::InSync))
             ]
         );

@@ -128,9 +128,10 @@ pub enum LabCommand {
     Probe {
         #[command(flatten)]
         which: Which,
-        /// `namespace/pod`
+        /// `namespace/pod`, or `node/<name>` (from the node's own namespace)
         from: String,
-        /// `namespace/pod`
+        /// `namespace/pod`, `svc/<namespace>/<name>[:port]` (the Service's ClusterIP; the
+        /// port by number or name, else its first) or `node/<name>` (the node's address)
         to: String,
         #[arg(long, default_value_t = 80)]
         port: u16,
@@ -138,6 +139,9 @@ pub enum LabCommand {
         protocol: String,
         #[arg(long, default_value_t = 1000)]
         timeout_ms: u64,
+        /// Print the server's answer: the pod that answered and the client address it saw.
+        #[arg(long)]
+        show: bool,
     },
     /// Every pod to every pod, in parallel.
     Matrix {
@@ -156,6 +160,10 @@ pub enum LabCommand {
         /// nodes' flow logs).
         #[arg(long)]
         explain: bool,
+        /// Also probe these Services from every pod (`svc/<namespace>/<name>[:port]`; columns
+        /// after the pods').
+        #[arg(long = "service")]
+        services: Vec<String>,
     },
     /// Every node's recent flows, merged by time: who connected to whom and which rule
     /// decided (each node's `margay flows`).
@@ -272,6 +280,9 @@ pub enum LabCommand {
         /// Connect over and over for this many seconds; print how many succeeded.
         #[arg(long)]
         loop_secs: Option<u64>,
+        /// Print the server's answer (`lab serve`: the pod's name and the client address it saw).
+        #[arg(long)]
+        show: bool,
     },
     #[command(hide = true)]
     Supervise {
@@ -372,7 +383,8 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             port,
             protocol,
             timeout_ms,
-        } => probe_cmd(&which, &from, &to, port, &protocol, timeout_ms, out),
+            show,
+        } => probe_cmd(&which, &from, &to, port, &protocol, timeout_ms, show, out),
         LabCommand::Matrix {
             which,
             port,
@@ -380,7 +392,10 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             timeout_ms,
             output,
             explain,
-        } => matrix_cmd(&which, port, &protocol, timeout_ms, &output, explain, out),
+            services,
+        } => matrix_cmd(
+            &which, port, &protocol, timeout_ms, &output, explain, &services, out,
+        ),
         LabCommand::Flows {
             which,
             denied,
@@ -437,6 +452,7 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             udp,
             timeout_ms,
             loop_secs: Some(secs),
+            ..
         } => {
             let end = Instant::now() + Duration::from_secs(secs);
             let mut n = 0u64;
@@ -454,11 +470,16 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             udp,
             timeout_ms,
             loop_secs: None,
+            show,
         } => Ok(
-            if net::connect(to, port, udp, Duration::from_millis(timeout_ms)) {
-                0
-            } else {
-                1
+            match net::connect_reply(to, port, udp, Duration::from_millis(timeout_ms)) {
+                Some(reply) => {
+                    if show {
+                        let _ = writeln!(out, "{reply}");
+                    }
+                    0
+                }
+                None => 1,
             },
         ),
         LabCommand::Bench {

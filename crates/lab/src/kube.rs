@@ -93,6 +93,21 @@ pub fn serve(kubeconfig: &Path, namespaces: &[String]) -> Result<u8, LabError> {
                 addr.port(),
                 kubeconfig.display()
             );
+            // No kube-controller-manager runs in the lab: this process keeps the Services'
+            // EndpointSlices in step with their pods, as its EndpointSlice controller would.
+            let settings = KubeSettings {
+                kubeconfig: vec![kubeconfig.clone()],
+                ..KubeSettings::default()
+            };
+            let _controller = match KubeBackend::connect(&settings).await {
+                Ok(b) => Some(AbortOnDrop(tokio::spawn(crate::services::run(
+                    b.api().clone(),
+                )))),
+                Err(e) => {
+                    eprintln!("margay lab apiserver: no EndpointSlice controller: {e}");
+                    None
+                }
+            };
             wait_for_signal().await;
         },
     ));
@@ -101,6 +116,15 @@ pub fn serve(kubeconfig: &Path, namespaces: &[String]) -> Result<u8, LabError> {
     }
     result.map_err(|e| other(format!("API server: {e}")))?;
     Ok(0)
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -19,6 +19,7 @@ pub mod k8s;
 pub mod kube;
 pub mod net;
 pub mod ops;
+pub mod services;
 pub mod state;
 pub mod topology;
 

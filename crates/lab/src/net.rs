@@ -382,10 +382,15 @@ pub fn serve(
     for &port in tcp {
         let listener = TcpListener::bind(("0.0.0.0", port))
             .map_err(|e| other(format!("tcp port {port}: {e}")))?;
-        let reply = format!("{name}\n");
+        let name = name.to_string();
         threads.push(std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let reply = reply.clone();
+                // The client's address as this pod sees it (after any NAT): Services'
+                // source-address tests read it.
+                let reply = match conn.peer_addr() {
+                    Ok(peer) => format!("{name} {}\n", peer.ip()),
+                    Err(_) => format!("{name}\n"),
+                };
                 std::thread::spawn(move || {
                     let mut conn = conn;
                     let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
@@ -397,10 +402,11 @@ pub fn serve(
     for &port in udp {
         let socket = UdpSocket::bind(("0.0.0.0", port))
             .map_err(|e| other(format!("udp port {port}: {e}")))?;
-        let reply = format!("{name}\n");
+        let name = name.to_string();
         threads.push(std::thread::spawn(move || {
             let mut buf = [0u8; 512];
             while let Ok((_, from)) = socket.recv_from(&mut buf) {
+                let reply = format!("{name} {}\n", from.ip());
                 let _ = socket.send_to(reply.as_bytes(), from);
             }
         }));
@@ -414,6 +420,12 @@ pub fn serve(
 /// `margay lab connect`: one probe. TCP: the connection is established and the server's
 /// greeting arrives; UDP: the server answers a datagram. Within `timeout`.
 pub fn connect(to: IpAddr, port: u16, udp: bool, timeout: Duration) -> bool {
+    connect_reply(to, port, udp, timeout).is_some()
+}
+
+/// [`connect`], returning the server's answer (`lab serve`: its pod's name and the client
+/// address it saw).
+pub fn connect_reply(to: IpAddr, port: u16, udp: bool, timeout: Duration) -> Option<String> {
     let addr = SocketAddr::new(to, port);
     if udp {
         let bind = if to.is_ipv4() {
@@ -421,21 +433,25 @@ pub fn connect(to: IpAddr, port: u16, udp: bool, timeout: Duration) -> bool {
         } else {
             SocketAddr::from(([0u16; 8], 0))
         };
-        let Ok(sock) = UdpSocket::bind(bind) else {
-            return false;
-        };
+        let sock = UdpSocket::bind(bind).ok()?;
         let _ = sock.set_read_timeout(Some(timeout));
-        if sock.send_to(b"probe", addr).is_err() {
-            return false;
+        sock.send_to(b"probe", addr).ok()?;
+        let mut buf = [0u8; 128];
+        match sock.recv_from(&mut buf) {
+            Ok((n, from)) if n > 0 && from == addr => Some(reply_text(&buf[..n])),
+            _ => None,
         }
-        let mut buf = [0u8; 64];
-        matches!(sock.recv_from(&mut buf), Ok((n, from)) if n > 0 && from == addr)
     } else {
-        let Ok(mut s) = TcpStream::connect_timeout(&addr, timeout) else {
-            return false;
-        };
+        let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
         let _ = s.set_read_timeout(Some(timeout));
-        let mut buf = [0u8; 64];
-        matches!(s.read(&mut buf), Ok(n) if n > 0)
+        let mut buf = [0u8; 128];
+        match s.read(&mut buf) {
+            Ok(n) if n > 0 => Some(reply_text(&buf[..n])),
+            _ => None,
+        }
     }
+}
+
+fn reply_text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).trim().to_string()
 }

@@ -467,9 +467,13 @@ spec:
     );
 
     create_web_service(&api);
-    let st = wait_status(&mut felix, &store, &socket, "the Service programmed", |st| {
-        web_port(st).is_some_and(|p| p["cluster_backends"].as_array().unwrap().len() == 2)
-    });
+    let st = wait_status(
+        &mut felix,
+        &store,
+        &socket,
+        "the Service programmed",
+        |st| web_port(st).is_some_and(|p| p["cluster_backends"].as_array().unwrap().len() == 2),
+    );
     let port = web_port(&st).unwrap();
     assert_eq!(
         port["frontends"],
@@ -496,9 +500,7 @@ spec:
     assert_eq!(health["readiness"], "reporting ready", "{health}");
 
     // The Service deleted: the dataplane loses it; the watch stays healthy.
-    api.store()
-        .delete(SERVICES, "ns1", "web")
-        .unwrap();
+    api.store().delete(SERVICES, "ns1", "web").unwrap();
     wait_status(&mut felix, &store, &socket, "the Service removed", |st| {
         web_port(st).is_none()
     });
@@ -548,9 +550,13 @@ fn felix_through_typha_on_the_kubernetes_api_sees_services() {
     let addr = format!("127.0.0.1:{typha_port}");
     let (mut felix, socket, _) =
         start_felix(&unused, dir.path(), &[("FELIX_TYPHAADDR", addr.as_str())]);
-    let st = wait_status(&mut felix, &unused, &socket, "the Service via Typha", |st| {
-        st["in_sync"] == true && web_port(st).is_some()
-    });
+    let st = wait_status(
+        &mut felix,
+        &unused,
+        &socket,
+        "the Service via Typha",
+        |st| st["in_sync"] == true && web_port(st).is_some(),
+    );
     assert_eq!(
         backends(web_port(&st).unwrap()),
         ["10.65.0.2:8080", "10.65.0.3:8080"],
@@ -558,10 +564,7 @@ fn felix_through_typha_on_the_kubernetes_api_sees_services() {
         typha.log()
     );
     // A slice change travels as a delta.
-    let mut slice = api
-        .store()
-        .get(SLICES, "ns1", "web-abcde")
-        .unwrap();
+    let mut slice = api.store().get(SLICES, "ns1", "web-abcde").unwrap();
     slice["endpoints"][1]["conditions"]["ready"] = json!(false);
     api.store().update(SLICES, "ns1", slice).unwrap();
     wait_status(&mut felix, &unused, &socket, "one backend left", |st| {

@@ -111,12 +111,7 @@ impl SyncerType {
     /// [`SyncerType::classify`], with the service keys when `services` says they are carried
     /// (served as stored, like the IPAM keys).
     pub fn classify_with(self, key: &str, services: bool) -> Option<KeyClass> {
-        if services
-            && self
-                .service_prefixes()
-                .iter()
-                .any(|p| key.starts_with(p))
-        {
+        if services && self.service_prefixes().iter().any(|p| key.starts_with(p)) {
             return Some(KeyClass::Raw);
         }
         self.classify(key)

@@ -347,8 +347,17 @@ mod tests {
             "/margay/kubernetes/services/ns1/web",
             Some(br#"{"metadata":{"name":"web"}}"#),
         );
-        assert!(matches!(ev, Some(ServiceEvent::Update { object: Some(_), .. })));
+        assert!(matches!(
+            ev,
+            Some(ServiceEvent::Update {
+                object: Some(_),
+                ..
+            })
+        ));
         let ev = event_from_kv("/margay/kubernetes/services/ns1/web", Some(b"{not json"));
-        assert!(matches!(ev, Some(ServiceEvent::Update { object: None, .. })));
+        assert!(matches!(
+            ev,
+            Some(ServiceEvent::Update { object: None, .. })
+        ));
     }
 }

@@ -214,7 +214,9 @@ async fn connect(
                     .report_detail(SERVICES_HEALTH, true, false, &msg);
                 if !grace_sent && started.elapsed() >= SERVICES_SYNC_GRACE {
                     grace_sent = true;
-                    tracing::warn!("Services are not listed yet; programming the dataplane without them");
+                    tracing::warn!(
+                        "Services are not listed yet; programming the dataplane without them"
+                    );
                     if calc_tx
                         .send(CalcInput::Services(vec![ServiceInput::InSync]))
                         .is_err()
@@ -274,9 +276,7 @@ async fn run(api: KubeApi, calc_tx: smpsc::Sender<CalcInput>, shared: Arc<Shared
 
 fn report(shared: &Shared, in_sync: bool, err: Option<&str>) {
     match err {
-        Some(e) => shared
-            .health
-            .report_detail(SERVICES_HEALTH, true, false, e),
+        Some(e) => shared.health.report_detail(SERVICES_HEALTH, true, false, e),
         None => shared.health.report(SERVICES_HEALTH, true, in_sync),
     }
 }

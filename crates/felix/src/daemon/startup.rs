@@ -484,9 +484,7 @@ pub(super) async fn startup(
     let (sync_tx, sync_rx) = mpsc::channel::<SyncerEvent>(16);
     let services_task = match source {
         Source::Typha { .. } => None,
-        Source::Datastore(_) => {
-            super::services::start(svc_source, calc_tx.clone(), shared.clone())
-        }
+        Source::Datastore(_) => super::services::start(svc_source, calc_tx.clone(), shared.clone()),
     };
     let (syncer_task, blocks_task) = match source {
         Source::Datastore(backend) => {

@@ -2,6 +2,115 @@
 
 use super::*;
 
+/// What a probe connects to: an address, a port and a protocol, and how to name it.
+#[derive(Debug, Clone)]
+pub struct ProbeTarget {
+    pub label: String,
+    pub ip: String,
+    pub port: u16,
+    pub udp: bool,
+}
+
+/// A probe's target: a pod (`namespace/pod`, on `port`), a Service (`svc/<ns>/<name>[:port]`:
+/// its ClusterIP and the port given by number or name, else its first; the port's protocol),
+/// or a node (`node/<name>`: its address, on `port`, e.g. a NodePort).
+pub fn resolve_target(
+    st: &LabState,
+    to: &str,
+    port: u16,
+    udp: bool,
+) -> Result<ProbeTarget, LabError> {
+    if let Some(rest) = to.strip_prefix("svc/") {
+        let api = crate::ops::api_for(st)?.ok_or_else(|| {
+            other(format!(
+                "{to}: Services need a lab on the Kubernetes API (`lab up --datastore kubernetes`)"
+            ))
+        })?;
+        let (id, want) = match rest.split_once(':') {
+            Some((id, p)) => (id, Some(p)),
+            None => (rest, None),
+        };
+        let (ns, name) = id
+            .split_once('/')
+            .ok_or_else(|| other(format!("{to}: write svc/<namespace>/<name>[:port]")))?;
+        let svc = api
+            .get(&margay_datastore::kube::route::SERVICES, Some(ns), name)?
+            .ok_or_else(|| other(format!("no Service {ns}/{name}")))?;
+        let ip = svc
+            .pointer("/spec/clusterIP")
+            .and_then(serde_json::Value::as_str)
+            .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+            .ok_or_else(|| other(format!("Service {ns}/{name} has no ClusterIP")))?;
+        let ports = svc
+            .pointer("/spec/ports")
+            .and_then(serde_json::Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let chosen = ports
+            .iter()
+            .find(|p| match want {
+                None => true,
+                Some(w) => {
+                    p["name"].as_str() == Some(w)
+                        || p["port"].as_u64().map(|n| n.to_string()).as_deref() == Some(w)
+                }
+            })
+            .ok_or_else(|| {
+                other(format!(
+                    "Service {ns}/{name} has no port {}",
+                    want.unwrap_or("at all")
+                ))
+            })?;
+        let port = chosen["port"]
+            .as_u64()
+            .and_then(|n| u16::try_from(n).ok())
+            .ok_or_else(|| other(format!("Service {ns}/{name}: a port is not a number")))?;
+        return Ok(ProbeTarget {
+            label: to.to_string(),
+            ip: ip.to_string(),
+            port,
+            udp: chosen["protocol"].as_str() == Some("UDP"),
+        });
+    }
+    if let Some(node) = to.strip_prefix("node/") {
+        let n = st
+            .node(node)
+            .ok_or_else(|| other(format!("no node {node:?}")))?;
+        return Ok(ProbeTarget {
+            label: to.to_string(),
+            ip: n.ip.clone(),
+            port,
+            udp,
+        });
+    }
+    let dst = st
+        .pod(to)
+        .ok_or_else(|| other(format!("no pod {to:?} (pods: {:?})", pod_ids(st))))?;
+    let ip = dst
+        .ip
+        .as_deref()
+        .ok_or_else(|| other(format!("pod {to} has no address yet")))?;
+    Ok(ProbeTarget {
+        label: to.to_string(),
+        ip: ip.to_string(),
+        port,
+        udp,
+    })
+}
+
+/// The namespace a probe starts in: a pod's (`namespace/pod`) or a node's (`node/<name>`).
+fn source_netns(st: &LabState, from: &str) -> Result<String, LabError> {
+    if let Some(node) = from.strip_prefix("node/") {
+        return st
+            .node(node)
+            .map(|n| n.netns.clone())
+            .ok_or_else(|| other(format!("no node {node:?}")));
+    }
+    st.pod(from)
+        .map(|p| p.netns.clone())
+        .ok_or_else(|| other(format!("no pod {from:?} (pods: {:?})", pod_ids(st))))
+}
+
 /// One probe between pods (true: reached).
 pub fn probe(
     st: &LabState,
@@ -11,37 +120,42 @@ pub fn probe(
     udp: bool,
     timeout_ms: u64,
 ) -> Result<bool, LabError> {
-    let src = st
-        .pod(from)
-        .ok_or_else(|| other(format!("no pod {from:?} (pods: {:?})", pod_ids(st))))?;
-    let dst = st
-        .pod(to)
-        .ok_or_else(|| other(format!("no pod {to:?} (pods: {:?})", pod_ids(st))))?;
-    let ip = dst
-        .ip
-        .as_deref()
-        .ok_or_else(|| other(format!("pod {to} has no address yet")))?;
-    let mut c = net::in_netns(&src.netns, exe()?);
+    let target = resolve_target(st, to, port, udp)?;
+    Ok(probe_to(st, from, &target, timeout_ms)?.is_some())
+}
+
+/// One probe to a resolved target: the server's answer (None: not reached).
+pub fn probe_to(
+    st: &LabState,
+    from: &str,
+    target: &ProbeTarget,
+    timeout_ms: u64,
+) -> Result<Option<String>, LabError> {
+    let netns = source_netns(st, from)?;
+    let mut c = net::in_netns(&netns, exe()?);
     c.args([
         "lab",
         "connect",
+        "--show",
         "--to",
-        ip,
+        &target.ip,
         "--port",
-        &port.to_string(),
+        &target.port.to_string(),
         "--timeout-ms",
         &timeout_ms.to_string(),
     ]);
-    if udp {
+    if target.udp {
         c.arg("--udp");
     }
-    let status = c
+    let out = c
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .status()
-        .map_err(|e| other(format!("probing {from} -> {to}: {e}")))?;
-    Ok(status.success())
+        .output()
+        .map_err(|e| other(format!("probing {from} -> {}: {e}", target.label)))?;
+    Ok(out
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string()))
 }
 
 pub(super) fn pod_ids(st: &LabState) -> Vec<&str> {
@@ -56,6 +170,7 @@ pub(super) fn udp_flag(protocol: &str) -> Result<bool, LabError> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn probe_cmd(
     which: &Which,
     from: &str,
@@ -63,16 +178,24 @@ pub(super) fn probe_cmd(
     port: u16,
     protocol: &str,
     timeout_ms: u64,
+    show: bool,
     out: &mut dyn Write,
 ) -> Result<u8, LabError> {
     let st = load(which)?;
-    let ok = probe(&st, from, to, port, udp_flag(protocol)?, timeout_ms)?;
+    let target = resolve_target(&st, to, port, udp_flag(protocol)?)?;
+    let reply = probe_to(&st, from, &target, timeout_ms)?;
+    let proto = if target.udp { "udp" } else { "tcp" };
     let _ = writeln!(
         out,
-        "{from} -> {to} {protocol}/{port}: {}",
-        if ok { "allowed" } else { "denied" }
+        "{from} -> {to} {proto}/{}: {}",
+        target.port,
+        match (&reply, show) {
+            (Some(r), true) => format!("allowed ({r})"),
+            (Some(_), false) => "allowed".to_string(),
+            (None, _) => "denied".to_string(),
+        }
     );
-    Ok(if ok { 0 } else { 1 })
+    Ok(if reply.is_some() { 0 } else { 1 })
 }
 
 /// Every pod to every pod (itself included), probed in parallel.
@@ -81,11 +204,20 @@ pub fn matrix(
     port: u16,
     udp: bool,
     timeout_ms: u64,
+    services: &[String],
 ) -> Result<BTreeMap<String, BTreeMap<String, bool>>, LabError> {
-    let pairs: Vec<(String, String)> = st
+    let mut targets: Vec<ProbeTarget> = Vec::new();
+    for p in &st.pods {
+        targets.push(resolve_target(st, &p.id, port, udp)?);
+    }
+    // Services as extra columns (resolved once).
+    for s in services {
+        targets.push(resolve_target(st, s, port, udp)?);
+    }
+    let pairs: Vec<(String, &ProbeTarget)> = st
         .pods
         .iter()
-        .flat_map(|a| st.pods.iter().map(move |b| (a.id.clone(), b.id.clone())))
+        .flat_map(|a| targets.iter().map(move |t| (a.id.clone(), t)))
         .collect();
     let mut out: BTreeMap<String, BTreeMap<String, bool>> = BTreeMap::new();
     // All at once (bounded): a matrix costs about one probe timeout.
@@ -93,9 +225,10 @@ pub fn matrix(
         let results: Vec<Result<(String, String, bool), LabError>> = std::thread::scope(|s| {
             let handles: Vec<_> = chunk
                 .iter()
-                .map(|(a, b)| {
+                .map(|(a, t)| {
                     s.spawn(move || {
-                        probe(st, a, b, port, udp, timeout_ms).map(|ok| (a.clone(), b.clone(), ok))
+                        probe_to(st, a, t, timeout_ms)
+                            .map(|r| (a.clone(), t.label.clone(), r.is_some()))
                     })
                 })
                 .collect();
@@ -145,6 +278,7 @@ pub fn render_matrix(m: &BTreeMap<String, BTreeMap<String, bool>>, colour: bool)
     s
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn matrix_cmd(
     which: &Which,
     port: u16,
@@ -152,11 +286,12 @@ pub(super) fn matrix_cmd(
     timeout_ms: u64,
     output: &str,
     explain: bool,
+    services: &[String],
     out: &mut dyn Write,
 ) -> Result<u8, LabError> {
     let st = load(which)?;
     let since = now_ms();
-    let m = matrix(&st, port, udp_flag(protocol)?, timeout_ms)?;
+    let m = matrix(&st, port, udp_flag(protocol)?, timeout_ms, services)?;
     if explain {
         // The flow records of the matrix's denied probes (flows are closed every second).
         std::thread::sleep(Duration::from_millis(1500));
