@@ -280,3 +280,69 @@ fn report(shared: &Shared, in_sync: bool, err: Option<&str>) {
         None => shared.health.report(SERVICES_HEALTH, true, in_sync),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use margay_datastore::MemBackend;
+
+    fn cfg(env: &[(&str, &str)]) -> (BTreeMap<String, String>, DatastoreConfig) {
+        let env: BTreeMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let c = DatastoreConfig::from_lookup(|k| env.get(k).cloned()).unwrap();
+        (env, c)
+    }
+
+    #[test]
+    fn a_kubernetes_api_is_used_only_when_one_is_named() {
+        let mem = AnyBackend::Mem(MemBackend::new());
+        let (env, c) = cfg(&[
+            ("DATASTORE_TYPE", "etcdv3"),
+            ("ETCD_ENDPOINTS", "http://e:2379"),
+        ]);
+        assert!(matches!(
+            service_source(&env, &c, &mem),
+            ServiceSource::None
+        ));
+        // The operator's own ~/.kube/config is not a reason to proxy some cluster.
+        let (env, c) = cfg(&[("ETCD_ENDPOINTS", "http://e:2379"), ("HOME", "/root")]);
+        assert!(matches!(
+            service_source(&env, &c, &mem),
+            ServiceSource::None
+        ));
+        let (env, c) = cfg(&[
+            ("ETCD_ENDPOINTS", "http://e:2379"),
+            ("KUBECONFIG", "/k/config"),
+        ]);
+        assert!(matches!(
+            service_source(&env, &c, &mem),
+            ServiceSource::Settings(s) if s.kubeconfig == [std::path::PathBuf::from("/k/config")]
+        ));
+        let (env, c) = cfg(&[("KUBERNETES_SERVICE_HOST", "10.96.0.1")]);
+        assert!(matches!(
+            service_source(&env, &c, &mem),
+            ServiceSource::Settings(_)
+        ));
+    }
+
+    #[test]
+    fn undecodable_objects_count_as_deleted() {
+        let bad = decode(ServiceEvent::Update {
+            kind: ServiceObjectKind::Service,
+            namespace: "ns1".into(),
+            name: "web".into(),
+            object: Some(serde_json::json!({"spec": {"ports": "not a list"}})),
+        });
+        assert!(matches!(bad, ServiceInput::Service { service: None, .. }));
+        let good = decode(ServiceEvent::Update {
+            kind: ServiceObjectKind::EndpointSlice,
+            namespace: "ns1".into(),
+            name: "web-1".into(),
+            object: Some(serde_json::json!({"metadata": {"name": "web-1"}, "endpoints": []})),
+        });
+        assert!(matches!(good, ServiceInput::Slice { slice: Some(_), .. }));
+        assert!(matches!(decode(ServiceEvent::InSync), ServiceInput::InSync));
+    }
+}
