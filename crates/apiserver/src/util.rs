@@ -185,15 +185,20 @@ pub fn random_hex<const N: usize>() -> String {
         .collect()
 }
 
-/// DNS-1123 subdomain (most object names).
+/// DNS-1123 subdomain (most object names). As kube-apiserver checks it: at most 253
+/// characters matching the pattern; the parts between dots have no length limit of their own
+/// (Calico's `lb-<sha256>` IPAM handles are 67 characters).
 pub fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label_part)
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_part)
 }
 
 fn is_dns1123_label_part(l: &str) -> bool {
+    l.len() <= 63 && is_dns1123_part(l)
+}
+
+fn is_dns1123_part(l: &str) -> bool {
     let b = l.as_bytes();
     !b.is_empty()
-        && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
         && b.iter()

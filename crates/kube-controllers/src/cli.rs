@@ -34,7 +34,7 @@ Controllers (ENABLED_CONTROLLERS, or the KubeControllersConfiguration \"default\
   namespace         (etcd) Namespaces -> Profiles kns.<namespace>
   serviceaccount    (etcd) ServiceAccounts -> Profiles ksa.<namespace>.<name>
   workloadendpoint  (etcd) Pod labels and service accounts -> WorkloadEndpoints
-  loadbalancer      accepted, not implemented
+  loadbalancer      LoadBalancer IPAM (allowedUses: [LoadBalancer] pools)
 Pods and nodes always come from the Kubernetes API (KUBECONFIG, K8S_API_ENDPOINT, … or the
 in-cluster service account).
 

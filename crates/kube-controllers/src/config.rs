@@ -150,7 +150,7 @@ pub struct Controllers {
     pub workload_endpoint: Option<GenericControllerConfig>,
     pub service_account: Option<GenericControllerConfig>,
     pub namespace: Option<GenericControllerConfig>,
-    /// Asked for (Calico's KDD manifests enable it); margay has no LoadBalancer IPAM yet.
+    /// The loadbalancer controller (LoadBalancer IPAM, `loadbalancer`).
     pub load_balancer: bool,
 }
 

@@ -41,6 +41,8 @@ pub type LogLevelSetter = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 
 /// How long start-up waits for the datastore (Calico: 60 s, then it exits).
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// The loadbalancer controller's full pass, besides the one after each Service change.
+const LB_RESYNC: Duration = Duration::from_secs(300);
 /// Between health checks (and their timeout).
 const HEALTH_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -605,9 +607,13 @@ impl Generation {
             );
         }
         if c.load_balancer {
-            tracing::warn!(
-                "the loadbalancer controller is not implemented by margay; not starting it"
-            );
+            tracing::info!("starting the loadbalancer controller (LoadBalancer IPAM)");
+            tasks.spawn(crate::loadbalancer::run(
+                api.clone(),
+                backend.clone(),
+                LB_RESYNC,
+                stop_rx.clone(),
+            ));
         }
         if c.node.as_ref().is_some_and(|n| n.auto_host_endpoints) {
             tracing::warn!(

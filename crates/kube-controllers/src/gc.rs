@@ -150,7 +150,8 @@ pub enum NodeLookup {
 
 impl World<'_> {
     pub fn lookup(&self, calico_node: &str) -> NodeLookup {
-        if calico_node.is_empty() {
+        // LoadBalancer addresses belong to a virtual host no Node will ever be.
+        if calico_node.is_empty() || calico_node == crate::loadbalancer::VIRTUAL_HOST {
             return NodeLookup::Skip;
         }
         match self.node_names {

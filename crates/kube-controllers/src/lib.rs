@@ -8,6 +8,8 @@
 //!   NetworkPolicies → `knp.default.<name>`, Namespaces → `kns.<ns>`, ServiceAccounts →
 //!   `ksa.<ns>.<sa>` Profiles, Pod labels → WorkloadEndpoints; and Calico Nodes whose
 //!   Kubernetes Node is gone are deleted.
+//! - The loadbalancer controller (`loadbalancer`): Services of type LoadBalancer get an
+//!   ingress address from the pools that allow `LoadBalancer`, released when they go.
 //! - KubeControllersConfiguration `default` merged with the environment ([`config`]), health
 //!   (`/status/status.json`, `/liveness`, `/readiness`) and Prometheus metrics.
 //!
@@ -27,6 +29,7 @@ pub mod http {
 }
 pub mod informer;
 pub mod ipam_controller;
+pub mod loadbalancer;
 pub mod metrics;
 pub mod mirror;
 pub mod mirrors;
