@@ -188,7 +188,7 @@ impl NftDriver {
                 }
                 stats.last_apply_seconds = started.elapsed().as_secs_f64();
                 stats.last_error = None;
-                stats.chains = desired.chains.len();
+                stats.chains = desired.num_chains();
                 stats.rules = desired.num_rules();
                 stats.elements = desired.num_elements();
                 stats.endpoints = summaries;

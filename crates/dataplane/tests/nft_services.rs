@@ -273,7 +273,12 @@ impl Node {
 
     /// `n` connections from the client pod to `addr`, each bounded by `timeout`.
     fn connect(&self, addr: &str, n: usize, timeout: Duration) -> Vec<Outcome> {
-        let ns = self.client.name().to_string();
+        self.connect_from(self.client.name(), addr, n, timeout)
+    }
+
+    /// `n` connections from the pod in namespace `ns` to `addr`.
+    fn connect_from(&self, ns: &str, addr: &str, n: usize, timeout: Duration) -> Vec<Outcome> {
+        let ns = ns.to_string();
         let addr: SocketAddr = addr.parse().unwrap();
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -357,6 +362,24 @@ fn cluster_ip_spreads_rejects_when_empty_policy_sees_the_backend_affinity_and_no
         "{out:?}"
     );
 
+    // What was written reads back as written: a driver starting afresh (a restarted Felix)
+    // finds nothing to change.
+    let (mut fresh, _) = NftDriver::new(NftDriverConfig {
+        nft: NftConfig {
+            ipv6: false,
+            ..NftConfig::default()
+        },
+        runner: NftRunner {
+            netns: Some(n.node.name().to_string()),
+            ..NftRunner::default()
+        },
+        refresh_interval: Duration::ZERO,
+        flowtable_extra_devices: None,
+    });
+    fresh.mark_dirty();
+    let tx = fresh.sync(&n.model).unwrap();
+    assert!(tx.is_empty(), "a read-back differs: {tx:?}\n{}", n.table());
+
     // One endpoint left: only it answers.
     n.endpoints(&["10.65.0.3"]);
     let out = n.connect(&svc_addr, 10, Duration::from_secs(2));
@@ -364,6 +387,16 @@ fn cluster_ip_spreads_rejects_when_empty_policy_sees_the_backend_affinity_and_no
         answered(&out),
         BTreeSet::from(["b3".to_string()]),
         "{out:?}"
+    );
+    // Hairpin: the endpoint reaches itself through its own service (masqueraded, or its
+    // reply would go straight back to itself and never match the connection).
+    let b3 = n._backends[2].name().to_string();
+    let out = n.connect_from(&b3, &svc_addr, 3, Duration::from_secs(2));
+    assert_eq!(
+        answered(&out),
+        BTreeSet::from(["b3".to_string()]),
+        "{out:?}\n{}",
+        n.table()
     );
 
     // Scaled to zero: refused at once (a TCP reset), not a timeout.
