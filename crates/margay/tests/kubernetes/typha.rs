@@ -17,6 +17,9 @@ fn felix_syncer_resources() -> Vec<(&'static str, &'static str)> {
         ("", "serviceaccounts"),
         ("", "nodes"),
         ("networking.k8s.io", "networkpolicies"),
+        // Services and EndpointSlices, for Felix's service proxy.
+        ("", "services"),
+        ("discovery.k8s.io", "endpointslices"),
     ];
     for plural in [
         "clusterinformations",
