@@ -131,7 +131,8 @@ pub enum LabCommand {
         /// `namespace/pod`, or `node/<name>` (from the node's own namespace)
         from: String,
         /// `namespace/pod`, `svc/<namespace>/<name>[:port]` (the Service's ClusterIP; the
-        /// port by number or name, else its first) or `node/<name>` (the node's address)
+        /// port by number or name, else its first), `node/<name>` (the node's address) or an
+        /// IP address (e.g. a LoadBalancer's)
         to: String,
         #[arg(long, default_value_t = 80)]
         port: u16,

@@ -8,6 +8,8 @@
 //!   Local only on nodes with a local endpoint, and the backend sees the client's address;
 //! - policy through a Service: a NetworkPolicy denying the backend denies via the ClusterIP,
 //!   one allowing it allows — the same verdicts as direct pod traffic;
+//! - a LoadBalancer Service gets an address from kube-controllers (a pool allowing
+//!   LoadBalancer) and answers on it, under the same policy;
 //! - scaled to zero endpoints: refused at once (a reset), not a timeout.
 //!
 //! Root and kubectl needed (skipped otherwise). The lab is removed on drop, pass or fail;
@@ -396,6 +398,58 @@ spec:
     assert!(
         probe(&lab, "z/a", "svc/x/only-b", &[]).is_none(),
         "z is still denied through the Service"
+    );
+
+    // LoadBalancer: kube-controllers' loadbalancer controller gives it an address from the
+    // pool that allows LoadBalancer; Felix serves it on every node like the ClusterIP.
+    lab.apply(
+        "apiVersion: projectcalico.org/v3
+kind: IPPool
+metadata: {name: lb-pool}
+spec: {cidr: 10.250.0.0/24, blockSize: 28, allowedUses: [LoadBalancer]}
+",
+    );
+    k.apply(
+        "apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: x}
+spec:
+  type: LoadBalancer
+  selector: {only: b}
+  ports: [{port: 80}]
+",
+    );
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let lb_ip = loop {
+        let s = k.json(&["get", "service", "-n", "x", "lb"]);
+        if let Some(ip) = s
+            .pointer("/status/loadBalancer/ingress/0/ip")
+            .and_then(Value::as_str)
+        {
+            break ip.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no LoadBalancer address within 40 s: {s}\n{}",
+            std::fs::read_to_string(lab.dir.join("kube-controllers/kube-controllers.log"))
+                .unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(lb_ip.starts_with("10.250.0."), "{lb_ip}");
+    let (pod, _) = eventually(
+        &lab,
+        "y/a",
+        &lb_ip,
+        &["--port", "80"],
+        "the LoadBalancer address reached",
+        Option::is_some,
+    )
+    .unwrap();
+    assert_eq!(pod, "x/b");
+    assert!(
+        probe(&lab, "z/a", &lb_ip, &["--port", "80"]).is_none(),
+        "policy holds through the LoadBalancer address too"
     );
 
     // Scaled to zero: refused at once, not a timeout.

@@ -13,7 +13,7 @@ pub struct ProbeTarget {
 
 /// A probe's target: a pod (`namespace/pod`, on `port`), a Service (`svc/<ns>/<name>[:port]`:
 /// its ClusterIP and the port given by number or name, else its first; the port's protocol),
-/// or a node (`node/<name>`: its address, on `port`, e.g. a NodePort).
+/// a node (`node/<name>`: its address, on `port`, e.g. a NodePort) or an address (on `port`).
 pub fn resolve_target(
     st: &LabState,
     to: &str,
@@ -70,6 +70,15 @@ pub fn resolve_target(
             ip: ip.to_string(),
             port,
             udp: chosen["protocol"].as_str() == Some("UDP"),
+        });
+    }
+    if let Ok(ip) = to.parse::<std::net::IpAddr>() {
+        // A bare address (a LoadBalancer ingress address, an ExternalIP), on `port`.
+        return Ok(ProbeTarget {
+            label: to.to_string(),
+            ip: ip.to_string(),
+            port,
+            udp,
         });
     }
     if let Some(node) = to.strip_prefix("node/") {
