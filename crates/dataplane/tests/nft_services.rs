@@ -8,10 +8,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use margay_api::{Resource, ResourceKey, decode_one};
@@ -19,7 +17,7 @@ use margay_calc::services::{KubeEndpointSlice, KubeService};
 use margay_calc::{CalcConfig, CalcGraph, DataplaneModel};
 use margay_dataplane::nft::{NftConfig, NftRunner};
 use margay_dataplane::nft_driver::{NftDriver, NftDriverConfig};
-use margay_testkit::netns::{Netns, is_root};
+use margay_testkit::netns::{NameServers, Netns, is_root};
 use serde_json::json;
 
 const NODE: &str = "nodea";
@@ -30,59 +28,8 @@ const BACKENDS: [(&str, &str, &str); 3] = [
     ("b3", "10.65.0.3", "calib3"),
 ];
 
-/// Joins `ns` on the calling thread, checking that it took effect.
 fn enter(ns: &str) {
-    use std::os::unix::fs::MetadataExt;
-    let path = format!("/run/netns/{ns}");
-    let file = std::fs::File::open(&path).unwrap();
-    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-    let want = std::fs::metadata(&path).unwrap().ino();
-    let have = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
-    assert_eq!(want, have, "setns into {path} did not take effect");
-}
-
-/// Name servers inside the backend pods, stopped and joined on drop.
-struct Servers {
-    stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Servers {
-    fn start(pods: &[(String, &'static str)]) -> Servers {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        let (tx, rx) = std::sync::mpsc::channel();
-        for (ns, name) in pods {
-            let (ns, name, stop, tx) = (ns.clone(), *name, stop.clone(), tx.clone());
-            threads.push(std::thread::spawn(move || {
-                enter(&ns);
-                let l = TcpListener::bind("0.0.0.0:8080").unwrap();
-                l.set_nonblocking(true).unwrap();
-                tx.send(()).unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    match l.accept() {
-                        Ok((mut s, _)) => {
-                            let _ = s.write_all(name.as_bytes());
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                    }
-                }
-            }));
-        }
-        for _ in pods {
-            rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        }
-        Servers { stop, threads }
-    }
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
+    margay_testkit::netns::enter(ns).unwrap();
 }
 
 // The fields are read through Debug in failure messages.
@@ -166,7 +113,7 @@ fn slice(backends: &[&str]) -> KubeEndpointSlice {
 
 struct Node {
     // Field order is drop order: servers stop before their namespaces go.
-    _servers: Servers,
+    _servers: NameServers,
     client: Netns,
     _backends: Vec<Netns>,
     node: Netns,
@@ -199,10 +146,10 @@ impl Node {
         let mut pods = Vec::new();
         for (pod, ip, iface) in BACKENDS {
             let ns = node.add_pod(&format!("svc-{pod}"), ip, iface).unwrap();
-            pods.push((ns.name().to_string(), pod));
+            pods.push((ns.name().to_string(), pod.to_string()));
             backends.push(ns);
         }
-        let servers = Servers::start(&pods);
+        let servers = NameServers::start(&pods, 8080).unwrap();
         let (driver, _stats) = NftDriver::new(NftDriverConfig {
             nft: NftConfig {
                 ipv6: false,
