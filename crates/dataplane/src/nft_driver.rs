@@ -180,6 +180,16 @@ impl NftDriver {
             Ok(()) => {
                 drop(stats);
                 self.add_flowtable_devices(model);
+                if !desired.services.stale_udp.is_empty() {
+                    let (ran, failure) = crate::conntrack::delete(
+                        &desired.services.stale_udp,
+                        self.cfg.runner.netns.as_deref(),
+                    );
+                    tracing::debug!(ran, "deleted stale UDP service flows");
+                    if let Some(f) = failure {
+                        tracing::warn!("clearing stale UDP service flows: {f}");
+                    }
+                }
                 let mut stats = self.stats.lock();
                 self.programmed = Some(Fingerprint::of(&desired));
                 self.dirty = false;

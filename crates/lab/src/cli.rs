@@ -189,6 +189,13 @@ pub enum LabCommand {
         /// table or json (one object per line)
         #[arg(short = 'o', long, default_value = "table")]
         output: String,
+        /// Then keep printing every node's new flows as they come (until interrupted, or
+        /// --until-seconds).
+        #[arg(short, long)]
+        follow: bool,
+        /// With --follow: stop after this many seconds.
+        #[arg(long, value_name = "SECONDS", requires = "follow")]
+        until_seconds: Option<u64>,
     },
     /// Print the path of the lab's kubeconfig (`--datastore kubernetes`), for
     /// `kubectl --kubeconfig $(margay lab kubeconfig) get pods -A`.
@@ -405,6 +412,8 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             policy,
             last,
             output,
+            follow,
+            until_seconds,
         } => flows_cmd(
             &which,
             &FlowFilter {
@@ -413,6 +422,8 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
                 pod,
                 policy,
                 last,
+                follow,
+                until_seconds,
             },
             &output,
             out,

@@ -20,7 +20,7 @@ fn policy_scenarios_on_the_lab() {
         return;
     }
     let lab = Lab::up();
-    let _ips = lab.ips();
+    let ips = lab.ips();
     let (mut failures, slowest) =
         run_scenarios(&lab, &|s| lab.apply(s.yaml), &|s| lab.delete(s.yaml));
     // Policy update in place, then delete: the matrix follows each step.
@@ -74,6 +74,38 @@ spec:
         if !last.is_empty() {
             failures.push(format!("{name}: {last:?}"));
         }
+    }
+    // `lab flows --follow` shows a connection made while it runs, from whichever node saw it.
+    let follower = lab
+        .cmd(&[
+            "flows",
+            "--follow",
+            "--until-seconds",
+            "5",
+            "--last",
+            "0",
+            "-o",
+            "json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(lab.probe("x/a", "y/b", 2000), "x/a could not reach y/b");
+    let followed = follower.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&followed.stdout);
+    let to_b = &ips["y/b"];
+    let seen = text.lines().any(|l| {
+        serde_json::from_str::<serde_json::Value>(l).is_ok_and(|f| {
+            f["tuple"]["dst"].as_str() == Some(to_b.as_str())
+                && f["tuple"]["dst_port"] == 80
+                && f["action"] == "allow"
+        })
+    });
+    if !seen {
+        failures.push(format!(
+            "lab flows --follow did not show x/a -> y/b:80 allowed:\n{text}"
+        ));
     }
     eprintln!("slowest convergence (matrix runs included): {slowest:?}");
     assert!(

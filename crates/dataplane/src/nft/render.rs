@@ -338,6 +338,8 @@ pub struct ServiceSection {
     pub generation: u64,
     /// (before, after) per service port whose rendering changed, appeared or went.
     pub changed: Vec<ServiceChange>,
+    /// UDP flows the change leaves pointing at the wrong place (deleted after the write).
+    pub stale_udp: Vec<crate::conntrack::StaleUdp>,
 }
 
 /// One service port's rendering before and after a change (None: absent).
@@ -808,6 +810,7 @@ impl Renderer {
             all: Vec::with_capacity(model.services.len()),
             generation,
             changed: Vec::new(),
+            stale_udp: Vec::new(),
         };
         for (id, sp) in &model.services {
             let key = Arc::as_ptr(sp) as usize;
@@ -825,6 +828,11 @@ impl Renderer {
                 Some(c) if *c.port == **sp => c.rendered.clone(),
                 _ => Arc::new(render_service(id, sp, cfg)),
             };
+            section.stale_udp.extend(crate::conntrack::stale_udp(
+                id.protocol,
+                old.as_ref().map(|c| &*c.port),
+                Some(sp),
+            ));
             self.services.insert(
                 key,
                 CachedService {
@@ -851,6 +859,11 @@ impl Renderer {
         self.services.retain(|key, c| {
             if c.seen != generation {
                 section.changed.push((Some(c.rendered.clone()), None));
+                section.stale_udp.extend(crate::conntrack::stale_udp(
+                    c.id.protocol,
+                    Some(&c.port),
+                    None,
+                ));
                 if keys.get(&c.id) == Some(key) {
                     keys.remove(&c.id);
                 }

@@ -402,6 +402,42 @@ pub(super) struct FlowFilter {
     pub pod: Option<String>,
     pub policy: Option<String>,
     pub last: usize,
+    /// Keep printing every node's new flows (each node's `margay flows --follow`).
+    pub follow: bool,
+    /// With `follow`: stop after this many seconds.
+    pub until_seconds: Option<u64>,
+}
+
+/// `margay flows` for one node, with the filter's selections.
+fn node_flows_command(
+    st: &LabState,
+    node: &str,
+    filter: &FlowFilter,
+    last: usize,
+) -> Result<Command, LabError> {
+    let mut c = Command::new(exe()?);
+    c.args([
+        "flows",
+        "-o",
+        "json",
+        "--last",
+        &last.to_string(),
+        "--status-socket",
+    ])
+    .arg(st.node_dir(node).join("felix.sock"));
+    if filter.denied {
+        c.arg("--denied");
+    }
+    for (flag, v) in [
+        ("--namespace", &filter.namespace),
+        ("--pod", &filter.pod),
+        ("--policy", &filter.policy),
+    ] {
+        if let Some(v) = v {
+            c.args([flag, v]);
+        }
+    }
+    Ok(c)
 }
 
 /// A flow record's rule, for people (what `margay flows` prints after "by").
@@ -416,28 +452,7 @@ fn describe(f: &Value) -> String {
 pub(super) fn lab_flows(st: &LabState, filter: &FlowFilter) -> Result<Vec<Value>, LabError> {
     let mut all = Vec::new();
     for node in st.nodes.iter().filter(|n| !n.stopped) {
-        let mut c = Command::new(exe()?);
-        c.args([
-            "flows",
-            "-o",
-            "json",
-            "--last",
-            &filter.last.to_string(),
-            "--status-socket",
-        ])
-        .arg(st.node_dir(&node.name).join("felix.sock"));
-        if filter.denied {
-            c.arg("--denied");
-        }
-        for (flag, v) in [
-            ("--namespace", &filter.namespace),
-            ("--pod", &filter.pod),
-            ("--policy", &filter.policy),
-        ] {
-            if let Some(v) = v {
-                c.args([flag, v]);
-            }
-        }
+        let mut c = node_flows_command(st, &node.name, filter, filter.last)?;
         let o = c
             .stdin(Stdio::null())
             .output()
@@ -467,9 +482,84 @@ pub(super) fn flows_cmd(
     }
     let st = load(which)?;
     for f in lab_flows(&st, filter)? {
+        print_flow(out, &f, output);
+    }
+    if filter.follow {
+        follow_flows(&st, filter, output, out)?;
+    }
+    Ok(0)
+}
+
+/// Children killed and reaped on drop (the followers of `lab flows --follow`).
+struct Followers(Vec<std::process::Child>);
+
+impl Drop for Followers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Every running node's new flows as they come, until the followers end (`until_seconds`)
+/// or the lab command is interrupted.
+fn follow_flows(
+    st: &LabState,
+    filter: &FlowFilter,
+    output: &str,
+    out: &mut dyn Write,
+) -> Result<(), LabError> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    let mut followers = Followers(Vec::new());
+    let mut readers = Vec::new();
+    for node in st.nodes.iter().filter(|n| !n.stopped) {
+        let mut c = node_flows_command(st, &node.name, filter, 0)?;
+        c.arg("--follow");
+        if let Some(s) = filter.until_seconds {
+            c.args(["--until-seconds", &s.to_string()]);
+        }
+        let mut child = c
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| other(format!("margay flows --follow on {}: {e}", node.name)))?;
+        if let Some(stdout) = child.stdout.take() {
+            let tx = tx.clone();
+            readers.push(std::thread::spawn(move || {
+                // Lines are bounded by what Felix sends (one flow record each).
+                for line in std::io::BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if let Ok(v) = serde_json::from_str::<Value>(&line)
+                        && tx.send(v).is_err()
+                    {
+                        break;
+                    }
+                }
+            }));
+        }
+        followers.0.push(child);
+    }
+    drop(tx);
+    // Ends when every follower has ended (their stdout closed).
+    for f in rx {
+        print_flow(out, &f, output);
+        let _ = out.flush();
+    }
+    for r in readers {
+        let _ = r.join();
+    }
+    Ok(())
+}
+
+/// One flow record as a table line or a JSON line.
+fn print_flow(out: &mut dyn Write, f: &Value, output: &str) {
+    {
         if output == "json" {
             let _ = writeln!(out, "{f}");
-            continue;
+            return;
         }
         let end = |p: &Value, ip: &Value| {
             let who = match (p["namespace"].as_str(), p["name"].as_str()) {
@@ -492,10 +582,9 @@ pub(super) fn flows_cmd(
             } else {
                 "ALLOWED"
             },
-            describe(&f)
+            describe(f)
         );
     }
-    Ok(0)
 }
 
 /// Throughput (Gbit/s) and connection rate (per second) from one namespace to an address.
