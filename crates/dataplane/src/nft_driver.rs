@@ -90,6 +90,9 @@ pub struct NftDriver {
     stats: NftStatsHandle,
     dirty: bool,
     flowtable: Option<Flowtable>,
+    /// The nfnetlink socket element changes go through, kept between writes (dropped after
+    /// a failure, opened again on the next write).
+    element_socket: Option<crate::nft::elements::ElementSocket>,
 }
 
 /// Interface names in the network namespace `runner` works in.
@@ -133,6 +136,7 @@ impl NftDriver {
                 stats: stats.clone(),
                 dirty: false,
                 flowtable,
+                element_socket: None,
             },
             stats,
         )
@@ -336,18 +340,37 @@ impl NftDriver {
         if !plan.declare.is_empty() {
             runner.apply(&plan.declare).map_err(|e| e.to_string())?;
         }
-        runner
-            .apply_elements(table, &plan.elements_before)
-            .map_err(|e| e.to_string())?;
+        self.apply_elements(&plan.elements_before)?;
         if !plan.chains.is_empty() {
             runner.apply(&plan.chains).map_err(|e| e.to_string())?;
         }
-        runner
-            .apply_elements(table, &plan.elements_after)
-            .map_err(|e| e.to_string())?;
+        self.apply_elements(&plan.elements_after)?;
         if !plan.cleanup.is_empty() {
             runner.apply(&plan.cleanup).map_err(|e| e.to_string())?;
         }
+        Ok(())
+    }
+
+    /// Element changes over the driver's nfnetlink socket.
+    fn apply_elements(
+        &mut self,
+        changes: &[crate::nft::elements::ElementChange],
+    ) -> Result<(), String> {
+        if changes
+            .iter()
+            .all(|c| c.add.is_empty() && c.delete.is_empty())
+        {
+            return Ok(());
+        }
+        let mut socket = match self.element_socket.take() {
+            Some(s) => s,
+            None => crate::nft::elements::ElementSocket::open(self.cfg.runner.netns.as_deref())
+                .map_err(|e| e.to_string())?,
+        };
+        socket
+            .apply(&self.cfg.nft.table, changes)
+            .map_err(|e| e.to_string())?;
+        self.element_socket = Some(socket);
         Ok(())
     }
 

@@ -522,87 +522,149 @@ pub fn frame(messages: &[Vec<u8>], max_bytes: usize, mut seq: u32) -> Vec<(Vec<u
 /// Most bytes per batch: well within the default netlink socket send buffer.
 const MAX_BATCH_BYTES: usize = 128 * 1024;
 
-/// Sends element changes in the calling thread's network namespace. Each batch (up to
-/// 128 KiB of messages) is one kernel transaction; returns once every message of every batch
-/// is acknowledged, or with the first error (that batch rolled back, later ones not sent).
+/// Sends element changes in the calling thread's network namespace (a socket of its own).
 pub fn apply(table: &str, changes: &[ElementChange]) -> Result<(), ElementError> {
-    use rtnetlink::sys::protocols::NETLINK_NETFILTER;
-    use rtnetlink::sys::{Socket, SocketAddr};
+    ElementSocket::open(None)?.apply(table, changes)
+}
 
-    let messages = encode_messages(table, changes)?;
-    if messages.is_empty() {
-        return Ok(());
+/// An nfnetlink socket for element changes, kept between writes (a socket stays in the
+/// network namespace it was made in, so a driver working in another namespace enters it
+/// once, not on every write).
+#[derive(Debug)]
+pub struct ElementSocket {
+    socket: rtnetlink::sys::Socket,
+    seq: u32,
+}
+
+impl ElementSocket {
+    /// A socket in `netns` (the calling thread's namespace when None).
+    pub fn open(netns: Option<&str>) -> Result<ElementSocket, ElementError> {
+        use rtnetlink::sys::protocols::NETLINK_NETFILTER;
+        use rtnetlink::sys::{Socket, SocketAddr};
+        let make = || -> Result<ElementSocket, ElementError> {
+            let io = |e: std::io::Error| ElementError::Io(e.to_string());
+            let mut socket = Socket::new(NETLINK_NETFILTER).map_err(io)?;
+            socket.bind_auto().map_err(io)?;
+            socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
+            socket.set_non_blocking(true).map_err(io)?;
+            // Acknowledgements without the request echoed back, and room for them.
+            let _ = socket.set_cap_ack(true);
+            let _ = socket.set_rx_buf_sz(4usize << 20);
+            Ok(ElementSocket {
+                socket,
+                seq: std::process::id().wrapping_shl(12),
+            })
+        };
+        let Some(ns) = netns else {
+            return make();
+        };
+        // A thread of our own enters the namespace (setns changes only the calling thread).
+        let path = format!("/run/netns/{ns}");
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let file = std::fs::File::open(&path)
+                        .map_err(|e| ElementError::Io(format!("{path}: {e}")))?;
+                    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(|e| ElementError::Io(format!("entering {path}: {e}")))?;
+                    make()
+                })
+                .join()
+                .unwrap_or_else(|_| Err(ElementError::Io("element socket: thread panicked".into())))
+        })
     }
-    let io = |e: std::io::Error| ElementError::Io(e.to_string());
-    let mut socket = Socket::new(NETLINK_NETFILTER).map_err(io)?;
-    socket.bind_auto().map_err(io)?;
-    socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
-    socket.set_non_blocking(true).map_err(io)?;
-    // Acknowledgements without the request echoed back, and room for them.
-    let _ = socket.set_cap_ack(true);
-    let _ = socket.set_rx_buf_sz(4usize << 20);
-    let seq0 = std::process::id().wrapping_shl(12);
-    for (batch, expected) in frame(&messages, MAX_BATCH_BYTES, seq0) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match socket.send(&batch, 0) {
-                Ok(_) => break,
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline =>
-                {
-                    std::thread::sleep(Duration::from_micros(200));
+
+    /// Waits until the socket is ready for `flags`, at most until `deadline`.
+    fn wait(&self, flags: nix::poll::PollFlags, deadline: Instant) -> bool {
+        use std::os::fd::AsFd;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [nix::poll::PollFd::new(self.socket.as_fd(), flags)];
+        matches!(nix::poll::poll(&mut fds, ms), Ok(n) if n > 0)
+    }
+
+    /// Writes the changes. Each batch (up to 128 KiB of messages) is one kernel transaction;
+    /// returns once every message of every batch is acknowledged, or with the first error
+    /// (that batch rolled back, later ones not sent).
+    pub fn apply(&mut self, table: &str, changes: &[ElementChange]) -> Result<(), ElementError> {
+        use nix::poll::PollFlags;
+        let messages = encode_messages(table, changes)?;
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let io = |e: std::io::Error| ElementError::Io(e.to_string());
+        // Whatever an earlier, abandoned write left unread is not this write's answer.
+        while self.socket.recv_from_full().is_ok() {}
+        let batches = frame(&messages, MAX_BATCH_BYTES, self.seq);
+        // Sequence numbers move on, so an old batch's late answer is never taken for a new one.
+        self.seq = self
+            .seq
+            .wrapping_add(u32::try_from(messages.len() + 2 * batches.len()).unwrap_or(u32::MAX));
+        for (batch, expected) in batches {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match self.socket.send(&batch, 0) {
+                    Ok(_) => break,
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::WouldBlock
+                            && Instant::now() < deadline =>
+                    {
+                        self.wait(PollFlags::POLLOUT, deadline);
+                    }
+                    Err(e) => return Err(io(e)),
                 }
-                Err(e) => return Err(io(e)),
+            }
+            let mut acks = 0u32;
+            let mut first_error: Option<String> = None;
+            while acks < expected {
+                let data = match self.socket.recv_from_full() {
+                    Ok((data, _)) => data,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() > deadline {
+                            return Err(ElementError::Io(format!(
+                                "timed out waiting for acknowledgements ({acks} of {expected})"
+                            )));
+                        }
+                        self.wait(PollFlags::POLLIN, deadline);
+                        continue;
+                    }
+                    Err(e) => return Err(io(e)),
+                };
+                let mut off = 0;
+                while off + 16 <= data.len() {
+                    let word = |at: usize| -> [u8; 4] {
+                        [data[at], data[at + 1], data[at + 2], data[at + 3]]
+                    };
+                    let len = u32::from_ne_bytes(word(off)) as usize;
+                    let kind = u16::from_ne_bytes([data[off + 4], data[off + 5]]);
+                    if len < 16 || off + len > data.len() {
+                        break;
+                    }
+                    if kind == NLMSG_ERROR && len >= 20 {
+                        let code = i32::from_ne_bytes(word(off + 16));
+                        acks += 1;
+                        if code != 0 && first_error.is_none() {
+                            first_error =
+                                Some(std::io::Error::from_raw_os_error(-code).to_string());
+                        }
+                    }
+                    off += (len + 3) & !3;
+                }
+            }
+            if let Some(reason) = first_error {
+                return Err(ElementError::Rejected {
+                    set: changes
+                        .iter()
+                        .filter(|c| !c.add.is_empty() || !c.delete.is_empty())
+                        .map(|c| c.set.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    reason,
+                });
             }
         }
-        let mut acks = 0u32;
-        let mut first_error: Option<String> = None;
-        while acks < expected {
-            let data = match socket.recv_from_full() {
-                Ok((data, _)) => data,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() > deadline {
-                        return Err(ElementError::Io(format!(
-                            "timed out waiting for acknowledgements ({acks} of {expected})"
-                        )));
-                    }
-                    std::thread::sleep(Duration::from_micros(100));
-                    continue;
-                }
-                Err(e) => return Err(io(e)),
-            };
-            let mut off = 0;
-            while off + 16 <= data.len() {
-                let word =
-                    |at: usize| -> [u8; 4] { [data[at], data[at + 1], data[at + 2], data[at + 3]] };
-                let len = u32::from_ne_bytes(word(off)) as usize;
-                let kind = u16::from_ne_bytes([data[off + 4], data[off + 5]]);
-                if len < 16 || off + len > data.len() {
-                    break;
-                }
-                if kind == NLMSG_ERROR && len >= 20 {
-                    let code = i32::from_ne_bytes(word(off + 16));
-                    acks += 1;
-                    if code != 0 && first_error.is_none() {
-                        first_error = Some(std::io::Error::from_raw_os_error(-code).to_string());
-                    }
-                }
-                off += (len + 3) & !3;
-            }
-        }
-        if let Some(reason) = first_error {
-            return Err(ElementError::Rejected {
-                set: changes
-                    .iter()
-                    .filter(|c| !c.add.is_empty() || !c.delete.is_empty())
-                    .map(|c| c.set.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                reason,
-            });
-        }
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

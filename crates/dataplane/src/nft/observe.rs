@@ -86,32 +86,14 @@ impl NftRunner {
         table: &str,
         changes: &[crate::nft::elements::ElementChange],
     ) -> Result<(), crate::nft::elements::ElementError> {
-        use crate::nft::elements::{ElementError, apply};
+        use crate::nft::elements::ElementSocket;
         if changes
             .iter()
             .all(|c| c.add.is_empty() && c.delete.is_empty())
         {
             return Ok(());
         }
-        let Some(ns) = &self.netns else {
-            return apply(table, changes);
-        };
-        // A thread of our own enters the namespace (setns changes only the calling thread).
-        let path = format!("/run/netns/{ns}");
-        let table = table.to_string();
-        let changes = changes.to_vec();
-        std::thread::scope(|scope| {
-            scope
-                .spawn(move || {
-                    let file = std::fs::File::open(&path)
-                        .map_err(|e| ElementError::Io(format!("{path}: {e}")))?;
-                    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-                        .map_err(|e| ElementError::Io(format!("entering {path}: {e}")))?;
-                    apply(&table, &changes)
-                })
-                .join()
-                .unwrap_or_else(|_| Err(ElementError::Io("element writer panicked".into())))
-        })
+        ElementSocket::open(self.netns.as_deref())?.apply(table, changes)
     }
 
     /// The table as JSON, or None when it does not exist.
