@@ -299,6 +299,14 @@ pub(super) fn render_host_endpoints(
         ..cfg.clone()
     };
     let mut ct_head = vec!["ct state established,related accept".to_string()];
+    if cfg.ipv6 {
+        // Neighbour discovery is never tracked (conntrack may call it invalid): without it
+        // the host loses IPv6 on the interface, which no failsafe port would bring back.
+        ct_head.push(
+            "icmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert } accept"
+                .to_string(),
+        );
+    }
     if cfg.conntrack_invalid_drop {
         ct_head.push(format!("ct state invalid {}", cfg.deny()));
     }
