@@ -8,6 +8,8 @@
 //!   NetworkPolicies → `knp.default.<name>`, Namespaces → `kns.<ns>`, ServiceAccounts →
 //!   `ksa.<ns>.<sa>` Profiles, Pod labels → WorkloadEndpoints; and Calico Nodes whose
 //!   Kubernetes Node is gone are deleted.
+//! - Automatic host endpoints (`<node>-auto-hep`, [`auto_hep`]) when the node controller's
+//!   `hostEndpoint.autoCreate` is Enabled.
 //! - KubeControllersConfiguration `default` merged with the environment ([`config`]), health
 //!   (`/status/status.json`, `/liveness`, `/readiness`) and Prometheus metrics.
 //!
@@ -16,6 +18,7 @@
 //! [`daemon`], [`http`], [`cli`]. See `DESIGN.md`.
 #![forbid(unsafe_code)]
 
+pub mod auto_hep;
 pub mod cli;
 pub mod config;
 pub mod daemon;
