@@ -696,7 +696,7 @@ impl Renderer {
         }
         let _ = EncapMode::Never;
 
-        let heps = render_host_endpoints(&mut st, model, cfg, &self.policies);
+        let heps = render_host_endpoints(&mut st, &mut summaries, model, cfg, &self.policies);
         base_chains(
             &mut st,
             cfg,

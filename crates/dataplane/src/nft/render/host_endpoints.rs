@@ -191,6 +191,7 @@ struct HepChain<'a> {
 
 fn render_hep_chain(
     st: &mut NftState,
+    summary: &mut EndpointChains,
     c: HepChain<'_>,
     cfg: &NftConfig,
     ret_cfg: &NftConfig,
@@ -216,6 +217,7 @@ fn render_hep_chain(
             tier.default_action = RuleAction::Pass;
         }
         let name = format!("{}-{i}", c.name);
+        summary.chains.push(name.clone());
         let chain = match c.flavor {
             Flavor::Returning => {
                 let call_of = |p: &PolicyId| {
@@ -239,6 +241,7 @@ fn render_hep_chain(
             }
             Flavor::Shared => tier_chain(&tier, policies, c.ingress, cfg, rendered),
         };
+        summary.rules += chain.rules.len();
         st.chains.insert(name.clone(), chain);
         rules.push(format!("jump {name}"));
         if !accepts_directly {
@@ -268,6 +271,8 @@ fn render_hep_chain(
             cfg.deny()
         ));
     }
+    summary.rules += rules.len();
+    summary.chains.push(c.name.clone());
     st.chains.insert(c.name, plain(rules));
 }
 
@@ -283,9 +288,11 @@ fn has_direction(tiers: &[TierInfo], ingress: bool) -> bool {
 
 /// Renders every host endpoint chain, the dispatch and failsafe chains, the raw and mangle
 /// base chains (only while doNotTrack / preDNAT policy applies) and the returning policy
-/// copies. Returns what the filter base chains must add.
+/// copies; adds one summary per host endpoint (its interface, or `*`). Returns what the
+/// filter base chains must add.
 pub(super) fn render_host_endpoints(
     st: &mut NftState,
+    summaries: &mut Vec<EndpointChains>,
     model: &DataplaneModel,
     cfg: &NftConfig,
     rendered: &HashMap<PolicyId, RenderedPolicy>,
@@ -349,6 +356,10 @@ pub(super) fn render_host_endpoints(
         ordered.push(("*", star));
     }
     for (iface, ep) in ordered {
+        let mut summary = EndpointChains {
+            interface: iface.to_string(),
+            ..EndpointChains::default()
+        };
         let star = iface == "*";
         let m_in = if star {
             String::new()
@@ -374,6 +385,7 @@ pub(super) fn render_host_endpoints(
             ));
             render_hep_chain(
                 st,
+                &mut summary,
                 HepChain {
                     name: name.clone(),
                     tiers: &ep.tiers,
@@ -421,6 +433,7 @@ pub(super) fn render_host_endpoints(
             }
             render_hep_chain(
                 st,
+                &mut summary,
                 HepChain {
                     name: name.clone(),
                     tiers: &ep.forward_tiers,
@@ -444,6 +457,7 @@ pub(super) fn render_host_endpoints(
             let name = hep_chain("hpi", iface);
             render_hep_chain(
                 st,
+                &mut summary,
                 HepChain {
                     name: name.clone(),
                     tiers: &ep.pre_dnat_tiers,
@@ -472,6 +486,7 @@ pub(super) fn render_host_endpoints(
                     "doNotTrack policy on the \"*\" host endpoint is ignored (as Calico)"
                 );
             }
+            summaries.push(summary);
             continue;
         }
         for ingress in [true, false] {
@@ -493,6 +508,7 @@ pub(super) fn render_host_endpoints(
             }
             render_hep_chain(
                 st,
+                &mut summary,
                 HepChain {
                     name: name.clone(),
                     tiers: &ep.untracked_tiers,
@@ -518,6 +534,7 @@ pub(super) fn render_host_endpoints(
             );
             d.push(format!("{m}goto {name}"));
         }
+        summaries.push(summary);
     }
 
     for id in &returning_policies {

@@ -1123,3 +1123,19 @@ fn a_changed_host_endpoint_changes_only_its_chains() {
         .collect();
     assert_eq!(changed, vec!["hi-eth1", "hi-eth1-0"]);
 }
+
+#[test]
+fn host_endpoints_are_summarised_for_the_status_api() {
+    let (p, pp) = gnp("p", vec![allow(Some(6), &[(80, 80)])], vec![]);
+    let mut h = hep("eth0");
+    h.tiers = one_tier(&[&p], &[]);
+    let (_, summaries) = Renderer::new().render(
+        &hep_model(vec![("a", h), ("b", hep("*"))], vec![(p, pp)]),
+        &NftConfig::default(),
+    );
+    let eth0 = summaries.iter().find(|s| s.interface == "eth0").unwrap();
+    assert_eq!(eth0.chains, vec!["hi-eth0-0", "hi-eth0", "ho-eth0"]);
+    assert!(eth0.rules > 5, "{eth0:?}");
+    let star = summaries.iter().find(|s| s.interface == "*").unwrap();
+    assert_eq!(star.chains, vec!["hi_any", "ho_any"]);
+}
