@@ -116,12 +116,24 @@ pub fn active_host_endpoints<'a>(
     let mut out: BTreeMap<&str, &HostEndpointData> = BTreeMap::new();
     for ep in model.host_endpoints.values() {
         let iface = ep.interface.as_str();
-        if iface.is_empty()
-            || iface.contains('"')
-            || cfg
-                .workload_prefixes
-                .iter()
-                .any(|p| iface != "*" && iface.starts_with(p.as_str()))
+        if iface.is_empty() {
+            continue;
+        }
+        // The name goes into nft text (a match and chain names): only what the API allows,
+        // so a stored value that bypassed validation cannot break the whole ruleset.
+        let valid = iface == "*"
+            || (iface.len() <= 15
+                && iface
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-')));
+        if !valid {
+            tracing::warn!(interface = ?iface, "host endpoint with an invalid interface name ignored");
+            continue;
+        }
+        if cfg
+            .workload_prefixes
+            .iter()
+            .any(|p| iface != "*" && iface.starts_with(p.as_str()))
         {
             continue;
         }

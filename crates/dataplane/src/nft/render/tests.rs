@@ -1139,3 +1139,24 @@ fn host_endpoints_are_summarised_for_the_status_api() {
     let star = summaries.iter().find(|s| s.interface == "*").unwrap();
     assert_eq!(star.chains, vec!["hi_any", "ho_any"]);
 }
+
+#[test]
+fn host_endpoints_with_names_nft_cannot_take_are_ignored() {
+    let st = base(
+        &NftConfig::default(),
+        &hep_model(
+            vec![
+                ("a", hep("eth0")),
+                ("b", hep("x\"; flush ruleset")),
+                ("c", hep("eth*")),
+                ("d", hep("averyveryverylongname")),
+            ],
+            vec![],
+        ),
+    );
+    let dispatch = texts(&st.chains["hep-in"]);
+    assert_eq!(
+        dispatch,
+        vec!["iifname \"cali*\" return", "iifname \"eth0\" goto hi-eth0"]
+    );
+}
