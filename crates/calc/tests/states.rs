@@ -469,6 +469,17 @@ fn states() -> Vec<Named> {
                         .collect()
                 };
                 assert_eq!(names(&hep.untracked_tiers), vec!["untracked-hep"]);
+                // Untracked tiers never drop at their end (Calico forces Pass).
+                assert!(
+                    hep.untracked_tiers
+                        .iter()
+                        .all(|t| t.default_action == RuleAction::Pass)
+                );
+                assert!(
+                    hep.tiers
+                        .iter()
+                        .all(|t| t.default_action == RuleAction::Deny)
+                );
                 assert_eq!(names(&hep.tiers), vec!["hep-normal"]);
                 assert!(names(&hep.forward_tiers).is_empty());
                 assert_eq!(

@@ -6,6 +6,7 @@
 use std::net::IpAddr;
 
 use margay_dataplane::linux::routing::RoutingConfig;
+use margay_dataplane::nft::render::FailsafePort;
 use margay_dataplane::nft::{
     AllowVerdict, DenyVerdict, EndpointToHostAction, NatOutgoing, NftConfig, ServiceLoop,
 };
@@ -114,7 +115,24 @@ pub fn nft_config(config: &Config, encap: Encap) -> Result<NftConfig, String> {
             .flow_logs_local_reporter
             .eq_ignore_ascii_case("enabled")
             || config.flow_logs_file_enabled,
+        failsafe_in: failsafe_ports(&config.failsafe_inbound_host_ports),
+        failsafe_out: failsafe_ports(&config.failsafe_outbound_host_ports),
     })
+}
+
+/// FailsafeInboundHostPorts / FailsafeOutboundHostPorts as the renderer's entries.
+fn failsafe_ports(ports: &[margay_felix_config::ProtoPort]) -> Vec<FailsafePort> {
+    ports
+        .iter()
+        .map(|p| FailsafePort {
+            protocol: match p.protocol {
+                margay_felix_config::Protocol::Tcp => 6,
+                margay_felix_config::Protocol::Udp => 17,
+            },
+            port: p.port,
+            net: p.net,
+        })
+        .collect()
 }
 
 /// The MTUs Felix derives at start (Calico's MTU auto-detection).
@@ -264,6 +282,35 @@ mod tests {
         assert_eq!(n.service_loop, ServiceLoop::Drop);
         assert!(n.external_nodes.is_empty());
         assert_eq!(n.vxlan_port, None);
+        assert_eq!(
+            n.failsafe_in,
+            margay_dataplane::nft::render::DEFAULT_FAILSAFE_IN.to_vec()
+        );
+        assert_eq!(
+            n.failsafe_out,
+            margay_dataplane::nft::render::DEFAULT_FAILSAFE_OUT.to_vec()
+        );
+    }
+
+    #[test]
+    fn failsafe_ports_reach_the_renderer() {
+        let n = nft(|c| {
+            c.failsafe_inbound_host_ports = vec![margay_felix_config::ProtoPort {
+                protocol: margay_felix_config::Protocol::Udp,
+                port: 4000,
+                net: Some(Cidr::parse("10.0.0.0/8").unwrap()),
+            }];
+            c.failsafe_outbound_host_ports = Vec::new();
+        });
+        assert_eq!(
+            n.failsafe_in,
+            vec![FailsafePort {
+                protocol: 17,
+                port: 4000,
+                net: Some(Cidr::parse("10.0.0.0/8").unwrap()),
+            }]
+        );
+        assert!(n.failsafe_out.is_empty());
     }
 
     #[test]

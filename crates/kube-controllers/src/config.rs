@@ -133,7 +133,7 @@ pub struct NodeControllerConfig {
     /// Copy Kubernetes node labels onto Calico Nodes (etcd only; Calico's KDD Nodes already
     /// carry them).
     pub sync_labels: bool,
-    /// Create host endpoints for nodes (accepted; margay does not create them yet).
+    /// Create `<node>-auto-hep` host endpoints for nodes (`crate::auto_hep`).
     pub auto_host_endpoints: bool,
     /// Delete Calico Nodes whose Kubernetes Node is gone (etcd: Calico's DeleteNodes).
     pub delete_nodes: bool,

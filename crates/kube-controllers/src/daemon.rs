@@ -78,6 +78,8 @@ pub struct DaemonOptions {
     pub log_level: Option<LogLevelSetter>,
     /// Least time between event-triggered IPAM syncs.
     pub gc_min_interval: Duration,
+    /// Between passes of the automatic host endpoint controller.
+    pub auto_hep_period: Duration,
 }
 
 impl DaemonOptions {
@@ -102,6 +104,7 @@ impl DaemonOptions {
             metrics_listen: None,
             log_level: None,
             gc_min_interval: Duration::from_secs(1),
+            auto_hep_period: Duration::from_secs(5),
         })
     }
 }
@@ -615,10 +618,14 @@ impl Generation {
                 stop_rx.clone(),
             ));
         }
-        if c.node.as_ref().is_some_and(|n| n.auto_host_endpoints) {
-            tracing::warn!(
-                "automatic host endpoints are not implemented by margay; none are created"
-            );
+        if let Some(node) = &c.node {
+            // Off, one pass removes the endpoints it made before.
+            tasks.spawn(crate::auto_hep::run(
+                Client::new(backend.clone()),
+                node.auto_host_endpoints,
+                opts.auto_hep_period,
+                stop_rx.clone(),
+            ));
         }
         if c.node.as_ref().is_some_and(|n| n.sync_labels) {
             tracing::info!(

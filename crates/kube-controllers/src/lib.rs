@@ -10,6 +10,8 @@
 //!   Kubernetes Node is gone are deleted.
 //! - The loadbalancer controller (`loadbalancer`): Services of type LoadBalancer get an
 //!   ingress address from the pools that allow `LoadBalancer`, released when they go.
+//! - Automatic host endpoints (`<node>-auto-hep`, [`auto_hep`]) when the node controller's
+//!   `hostEndpoint.autoCreate` is Enabled.
 //! - KubeControllersConfiguration `default` merged with the environment ([`config`]), health
 //!   (`/status/status.json`, `/liveness`, `/readiness`) and Prometheus metrics.
 //!
@@ -18,6 +20,7 @@
 //! [`daemon`], [`http`], [`cli`]. See `DESIGN.md`.
 #![forbid(unsafe_code)]
 
+pub mod auto_hep;
 pub mod cli;
 pub mod config;
 pub mod daemon;

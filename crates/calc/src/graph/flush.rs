@@ -85,8 +85,20 @@ impl CalcGraph {
                     pols.iter().copied().filter(|p| f(p)).collect()
                 };
                 data.tiers = self.tiers_for(&pick(&|p| !p.do_not_track && !p.pre_dnat));
+                // Untracked and preDNAT tiers never drop at their end: Calico forces Pass
+                // (normal policy still runs after them). preDNAT is ingress only.
                 data.untracked_tiers = self.tiers_for(&pick(&|p| p.do_not_track));
                 data.pre_dnat_tiers = self.tiers_for(&pick(&|p| p.pre_dnat));
+                for t in data
+                    .untracked_tiers
+                    .iter_mut()
+                    .chain(&mut data.pre_dnat_tiers)
+                {
+                    t.default_action = RuleAction::Pass;
+                }
+                for t in &mut data.pre_dnat_tiers {
+                    t.egress_policies.clear();
+                }
                 data.forward_tiers = self.tiers_for(&pick(&|p| {
                     p.apply_on_forward && !p.do_not_track && !p.pre_dnat
                 }));

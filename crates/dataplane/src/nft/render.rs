@@ -43,8 +43,9 @@ use std::sync::Arc;
 
 use margay_api::net::Cidr;
 use margay_calc::{
-    DataplaneModel, EncapMode, IpSetKind, IpSetMember, PolicyId, ResolvedMatch, ResolvedPolicy,
-    ResolvedProfile, ResolvedRule, RuleAction, TierInfo, WorkloadEndpointData, WorkloadEndpointId,
+    DataplaneModel, EncapMode, HostEndpointData, IpSetKind, IpSetMember, PolicyId, ResolvedMatch,
+    ResolvedPolicy, ResolvedProfile, ResolvedRule, RuleAction, TierInfo, WorkloadEndpointData,
+    WorkloadEndpointId,
 };
 
 mod rules;
@@ -55,6 +56,9 @@ pub use base::*;
 
 mod services;
 pub use services::*;
+
+mod host_endpoints;
+pub use host_endpoints::*;
 
 /// What to do with traffic from a workload to its own host once its egress policy allowed it
 /// (FelixConfiguration `defaultEndpointToHostAction`).
@@ -157,6 +161,10 @@ pub struct NftConfig {
     /// tier's end and each endpoint's final drop first hands the packet to NFLOG group 1
     /// (ingress) or 2 (egress) with a prefix naming the rule (`margay_flows::RuleRef`).
     pub flow_logs: bool,
+    /// FailsafeInboundHostPorts: always allowed into the host through a host endpoint.
+    pub failsafe_in: Vec<FailsafePort>,
+    /// FailsafeOutboundHostPorts: always allowed out of the host through a host endpoint.
+    pub failsafe_out: Vec<FailsafePort>,
 }
 
 impl Default for NftConfig {
@@ -181,6 +189,8 @@ impl Default for NftConfig {
             service_loop: ServiceLoop::Drop,
             flow_offload: false,
             flow_logs: false,
+            failsafe_in: DEFAULT_FAILSAFE_IN.to_vec(),
+            failsafe_out: DEFAULT_FAILSAFE_OUT.to_vec(),
         }
     }
 }
@@ -797,11 +807,13 @@ impl Renderer {
         }
         let _ = EncapMode::Never;
 
+        let heps = render_host_endpoints(&mut st, &mut summaries, model, cfg, &self.policies);
         base_chains(
             &mut st,
             cfg,
             !model.pools.values().all(|p| !p.masquerade),
             !model.service_cidrs.is_empty(),
+            heps,
         );
 
         // Services (only while there are any).
@@ -904,19 +916,34 @@ fn tier_chain(
     cfg: &NftConfig,
     rendered: &HashMap<PolicyId, RenderedPolicy>,
 ) -> ChainSpec {
+    let call_of = |p: &PolicyId| {
+        rendered
+            .get(p)
+            .map(|(_, i, o)| if ingress { i.1.clone() } else { o.1.clone() })
+    };
+    let chain_of = |p: &PolicyId| policy_chain(p, ingress);
+    tier_chain_with(tier, policies, ingress, cfg, &call_of, &chain_of)
+}
+
+/// [`tier_chain`] with the policy chains named and their calls derived by the caller (host
+/// endpoints call returning copies of ingress policies in some places).
+fn tier_chain_with(
+    tier: &TierInfo,
+    policies: &[PolicyId],
+    ingress: bool,
+    cfg: &NftConfig,
+    call_of: &dyn Fn(&PolicyId) -> Option<PolicyCall>,
+    chain_of: &dyn Fn(&PolicyId) -> String,
+) -> ChainSpec {
     let both = cfg.mark_accept | cfg.mark_pass;
-    let unknown = PolicyCall::unknown(cfg);
     // The marks are cleared so that a bit found after a jump was set by that policy.
     let mut rules = vec![format!("meta mark set meta mark and {:#x}", !both)];
     for p in policies {
-        let call = rendered
-            .get(p)
-            .map(|(_, i, o)| if ingress { &i.1 } else { &o.1 })
-            .unwrap_or(&unknown);
+        let call = call_of(p).unwrap_or_else(|| PolicyCall::unknown(cfg));
         if call.empty {
             continue;
         }
-        let chain = policy_chain(p, ingress);
+        let chain = chain_of(p);
         rules.push(match &call.guard {
             Some(guard) => format!("{guard} jump {chain}"),
             None => format!("jump {chain}"),

@@ -188,6 +188,7 @@ pub fn daemon_options(
         metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
         log_level: None,
         gc_min_interval: Duration::from_millis(100),
+        auto_hep_period: Duration::from_millis(200),
     }
 }
 

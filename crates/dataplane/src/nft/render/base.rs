@@ -39,6 +39,7 @@ pub(super) fn base_chains(
     cfg: &NftConfig,
     masquerade: bool,
     service_cidrs: bool,
+    heps: HepHooks,
 ) {
     let deny = cfg.deny();
     let wl_match = |dir: &str| -> Vec<String> {
@@ -59,11 +60,19 @@ pub(super) fn base_chains(
     if cfg.conntrack_invalid_drop {
         forward.push(format!("ct state invalid {deny}"));
     }
+    // Host endpoints' applyOnForward policy: the ingress side before the workloads' chains
+    // (to-wl accepts), the egress side after them (see host_endpoints.rs).
+    if heps.any {
+        forward.push("jump hep-fwd-in".to_string());
+    }
     for m in wl_match("iifname") {
         forward.push(format!("{m} jump from-wl"));
     }
     for m in wl_match("oifname") {
         forward.push(format!("{m} jump to-wl"));
+    }
+    if heps.any {
+        forward.push("jump hep-fwd-out".to_string());
     }
     // Service-loop prevention comes last: traffic to a service address that kube-proxy did
     // not translate would otherwise bounce between this host and its default route.
@@ -149,6 +158,43 @@ pub(super) fn base_chains(
                 "meta nfproto ipv6 udp dport {port} {deny} comment \"VXLAN from an unknown host\""
             ));
         }
+    }
+    let accepted = format!(
+        "meta mark and {:#x} != 0 accept comment \"allowed by doNotTrack or preDNAT policy\"",
+        cfg.mark_accept
+    );
+    if heps.any {
+        // Host endpoint policy last: workloads, VXLAN from known hosts and what raw or mangle
+        // accepted never reach it.
+        if let Some(port) = cfg.vxlan_port {
+            input.push(format!(
+                "udp dport {port} accept comment \"VXLAN from a known host\""
+            ));
+        }
+        input.push(accepted.clone());
+        input.push("jump hep-in".to_string());
+        let mut output = vec![accepted];
+        for m in wl_match("oifname") {
+            output.push(format!("{m} return"));
+        }
+        if let Some(port) = cfg.vxlan_port {
+            output.push(format!(
+                "udp dport {port} ip daddr @all-hosts-4 accept comment \"VXLAN to a known host\""
+            ));
+            if cfg.ipv6 {
+                output.push(format!(
+                    "udp dport {port} ip6 daddr @all-hosts-6 accept comment \"VXLAN to a known host\""
+                ));
+            }
+        }
+        output.push("jump hep-out".to_string());
+        st.chains.insert(
+            "output".into(),
+            ChainSpec {
+                base: Some("type filter hook output priority filter; policy accept;".into()),
+                rules: output.into_iter().map(NftRule::new).collect(),
+            },
+        );
     }
     st.chains.insert(
         "input".into(),

@@ -755,3 +755,408 @@ fn flow_logs_name_every_verdict_with_calicos_prefixes() {
     assert!(table.lookup("DPE|default").is_some());
     assert!(table.lookup("DRI").is_some());
 }
+
+// ---- host endpoints ----------------------------------------------------------------------
+
+fn gnp(
+    name: &str,
+    inbound: Vec<ResolvedRule>,
+    outbound: Vec<ResolvedRule>,
+) -> (PolicyId, Arc<ResolvedPolicy>) {
+    (
+        PolicyId {
+            tier: "default".into(),
+            namespace: String::new(),
+            name: name.into(),
+        },
+        Arc::new(ResolvedPolicy {
+            namespace: String::new(),
+            tier: "default".into(),
+            inbound,
+            outbound,
+            untracked: false,
+            pre_dnat: false,
+            apply_on_forward: false,
+            original_selector: String::new(),
+        }),
+    )
+}
+
+fn one_tier(ingress: &[&PolicyId], egress: &[&PolicyId]) -> Vec<TierInfo> {
+    vec![TierInfo {
+        name: "default".into(),
+        default_action: RuleAction::Deny,
+        ingress_policies: ingress.iter().map(|p| (*p).clone()).collect(),
+        egress_policies: egress.iter().map(|p| (*p).clone()).collect(),
+    }]
+}
+
+fn hep(iface: &str) -> HostEndpointData {
+    HostEndpointData {
+        interface: iface.into(),
+        expected_ipv4: Vec::new(),
+        expected_ipv6: Vec::new(),
+        profile_ids: Vec::new(),
+        tiers: Vec::new(),
+        untracked_tiers: Vec::new(),
+        pre_dnat_tiers: Vec::new(),
+        forward_tiers: Vec::new(),
+    }
+}
+
+fn hep_model(
+    heps: Vec<(&str, HostEndpointData)>,
+    pols: Vec<(PolicyId, Arc<ResolvedPolicy>)>,
+) -> DataplaneModel {
+    DataplaneModel {
+        host_endpoints: heps
+            .into_iter()
+            .map(|(id, h)| (id.to_string(), Arc::new(h)))
+            .collect(),
+        policies: pols.into_iter().collect(),
+        ..DataplaneModel::default()
+    }
+}
+
+#[test]
+fn without_host_endpoints_nothing_host_related_is_rendered() {
+    let st = base(&NftConfig::default(), &DataplaneModel::default());
+    for name in [
+        "output",
+        "hep-in",
+        "failsafe-in",
+        "raw-prerouting",
+        "mangle-prerouting",
+    ] {
+        assert!(!st.chains.contains_key(name), "{name}");
+    }
+    assert!(
+        !texts(&st.chains["input"])
+            .iter()
+            .any(|r| r.contains("hep-in"))
+    );
+}
+
+#[test]
+fn a_host_endpoint_without_policy_drops_all_but_failsafe_and_established() {
+    let cfg = NftConfig {
+        ipv6: false,
+        failsafe_in: vec![
+            FailsafePort::tcp(22),
+            FailsafePort {
+                protocol: 17,
+                port: 68,
+                net: Some(Cidr::parse("10.0.0.0/8").unwrap()),
+            },
+        ],
+        failsafe_out: vec![FailsafePort::udp(53)],
+        ..NftConfig::default()
+    };
+    let st = base(&cfg, &hep_model(vec![("h", hep("eth0"))], vec![]));
+    assert_eq!(
+        texts(&st.chains["hi-eth0"]),
+        vec![
+            "ct state established,related accept",
+            "ct state invalid drop",
+            "jump failsafe-in",
+            "meta mark set meta mark and 0xfffcffff",
+            "drop comment \"no policy or profile allowed the packet\"",
+        ]
+    );
+    assert_eq!(texts(&st.chains["ho-eth0"])[2], "jump failsafe-out");
+    assert_eq!(
+        texts(&st.chains["failsafe-in"]),
+        vec![
+            "meta l4proto 6 th dport 22 accept",
+            "ip saddr 10.0.0.0/8 meta l4proto 17 th dport 68 accept",
+        ]
+    );
+    assert_eq!(
+        texts(&st.chains["failsafe-out"]),
+        vec!["meta l4proto 17 th dport 53 accept"]
+    );
+    // The host's own dispatch: workloads never reach host endpoint chains.
+    assert_eq!(
+        texts(&st.chains["hep-in"]),
+        vec!["iifname \"cali*\" return", "iifname \"eth0\" goto hi-eth0"]
+    );
+    assert_eq!(
+        texts(&st.chains["hep-out"]),
+        vec!["oifname \"eth0\" goto ho-eth0"]
+    );
+    let input = texts(&st.chains["input"]);
+    let wl = input.iter().position(|r| r.contains("wl-to-host")).unwrap();
+    let hep_at = input.iter().position(|r| r == "jump hep-in").unwrap();
+    assert!(wl < hep_at, "{input:?}");
+    assert_eq!(hep_at, input.len() - 1);
+    let output = texts(&st.chains["output"]);
+    assert_eq!(
+        output.first().unwrap(),
+        "meta mark and 0x10000 != 0 accept comment \"allowed by doNotTrack or preDNAT policy\""
+    );
+    assert_eq!(output.last().unwrap(), "jump hep-out");
+    // No applyOnForward policy: forwarded traffic through it is not affected.
+    assert_eq!(
+        texts(&st.chains["hep-fwd-in"]),
+        vec!["iifname \"cali*\" return", "iifname \"eth0\" return"]
+    );
+    assert!(!st.chains.contains_key("hfi-eth0"));
+    // Neither raw nor mangle without doNotTrack / preDNAT policy.
+    assert!(!st.chains.contains_key("raw-prerouting"));
+    assert!(!st.chains.contains_key("mangle-prerouting"));
+}
+
+#[test]
+fn host_endpoint_policies_land_in_their_hooks_in_calicos_order() {
+    let cfg = NftConfig {
+        ipv6: false,
+        ..NftConfig::default()
+    };
+    let (normal, normal_p) = gnp(
+        "normal",
+        vec![allow(Some(6), &[(80, 80)])],
+        vec![allow(None, &[])],
+    );
+    let (fwd, fwd_p) = gnp("fwd", vec![allow(Some(6), &[(8080, 8080)])], vec![]);
+    let (pre, pre_p) = gnp(
+        "pre",
+        vec![rule(RuleAction::Deny, Some(6), &[(81, 81)])],
+        vec![],
+    );
+    let (dnt, dnt_p) = gnp(
+        "dnt",
+        vec![allow(Some(17), &[(5000, 5000)])],
+        vec![allow(Some(17), &[(5000, 5000)])],
+    );
+    let mut h = hep("eth0");
+    h.tiers = one_tier(&[&normal, &fwd], &[&normal]);
+    h.forward_tiers = one_tier(&[&fwd], &[]);
+    h.pre_dnat_tiers = one_tier(&[&pre], &[]);
+    h.untracked_tiers = one_tier(&[&dnt], &[&dnt]);
+    h.profile_ids = vec!["prof".into()];
+    let mut model = hep_model(
+        vec![("h", h)],
+        vec![
+            (normal.clone(), normal_p),
+            (fwd.clone(), fwd_p),
+            (pre.clone(), pre_p),
+            (dnt.clone(), dnt_p),
+        ],
+    );
+    model.profiles.insert(
+        "prof".into(),
+        Arc::new(ResolvedProfile {
+            inbound: vec![],
+            outbound: vec![],
+        }),
+    );
+    let st = base(&cfg, &model);
+    // Normal ingress: tiers (the workloads' accepting chains), then the profile, then drop.
+    let hi = texts(&st.chains["hi-eth0"]);
+    assert_eq!(
+        &hi[2..],
+        &[
+            "jump failsafe-in".to_string(),
+            "meta mark set meta mark and 0xfffcffff".into(),
+            "jump hi-eth0-0".into(),
+            format!("jump {}", profile_chain("prof", true)),
+            "drop comment \"no policy or profile allowed the packet\"".into(),
+        ]
+    );
+    let tier = texts(&st.chains["hi-eth0-0"]);
+    assert!(
+        tier.iter()
+            .any(|r| r.ends_with(&format!("jump {}", policy_chain(&normal, true)))),
+        "{tier:?}"
+    );
+    // Forward: only the applyOnForward policy, through its returning copy, no failsafe.
+    let hfi = texts(&st.chains["hfi-eth0"]);
+    assert!(!hfi.iter().any(|r| r.contains("failsafe")), "{hfi:?}");
+    let tier = texts(&st.chains["hfi-eth0-0"]);
+    assert!(
+        tier.iter()
+            .any(|r| r.ends_with(&format!("jump {}", returning_policy_chain(&fwd)))),
+        "{tier:?}"
+    );
+    assert!(
+        !tier
+            .iter()
+            .any(|r| r.contains(&returning_policy_chain(&normal))),
+        "{tier:?}"
+    );
+    let pir = texts(&st.chains[&returning_policy_chain(&fwd)]);
+    assert!(
+        pir[0].ends_with("meta mark set meta mark | 0x10000 return"),
+        "{pir:?}"
+    );
+    // The forward dispatch: egress has no applyOnForward policy, so it is left alone.
+    assert_eq!(
+        texts(&st.chains["hep-fwd-in"])[1],
+        "iifname \"eth0\" goto hfi-eth0"
+    );
+    assert_eq!(
+        texts(&st.chains["hep-fwd-out"])[1],
+        "oifname \"eth0\" return"
+    );
+    let fwd_base = texts(&st.chains["forward"]);
+    let pos = |s: &str| fwd_base.iter().position(|r| r.contains(s)).unwrap();
+    assert!(
+        pos("hep-fwd-in") < pos("from-wl") && pos("to-wl") < pos("hep-fwd-out"),
+        "{fwd_base:?}"
+    );
+    // preDNAT: mangle prerouting, new flows only, failsafe first, the tier passes at its end.
+    let mangle = &st.chains["mangle-prerouting"];
+    assert_eq!(
+        mangle.base.as_deref(),
+        Some("type filter hook prerouting priority mangle; policy accept;")
+    );
+    assert_eq!(texts(mangle)[0], "ct state established,related accept");
+    let hpi = texts(&st.chains["hpi-eth0"]);
+    assert_eq!(hpi[0], "jump failsafe-in");
+    assert!(!hpi.iter().any(|r| r.starts_with("drop")), "{hpi:?}");
+    assert!(
+        texts(&st.chains["hpi-eth0-0"])
+            .last()
+            .unwrap()
+            .contains("0x20000 return")
+    );
+    // doNotTrack: raw, both directions, allowed packets are untracked.
+    assert_eq!(
+        st.chains["raw-prerouting"].base.as_deref(),
+        Some("type filter hook prerouting priority raw; policy accept;")
+    );
+    assert_eq!(
+        st.chains["raw-output"].base.as_deref(),
+        Some("type filter hook output priority raw; policy accept;")
+    );
+    let hri = texts(&st.chains["hri-eth0"]);
+    assert_eq!(hri[0], "jump failsafe-in-raw");
+    assert!(
+        hri.contains(&"meta mark and 0x10000 != 0 notrack accept".to_string()),
+        "{hri:?}"
+    );
+    assert!(
+        texts(&st.chains["hro-eth0"])
+            .contains(&"meta mark and 0x10000 != 0 notrack accept".to_string())
+    );
+    // Replies of failsafe connections escape doNotTrack policy: source port 179 (outbound
+    // failsafe) comes in, source port 22 (inbound failsafe) goes out.
+    assert!(
+        texts(&st.chains["failsafe-in-raw"])
+            .contains(&"meta l4proto 6 th sport 179 accept".to_string())
+    );
+    assert!(
+        texts(&st.chains["failsafe-out-raw"])
+            .contains(&"meta l4proto 6 th sport 22 accept".to_string())
+    );
+}
+
+#[test]
+fn named_host_endpoints_win_over_star_which_takes_the_rest_but_no_do_not_track() {
+    let cfg = NftConfig {
+        ipv6: false,
+        ..NftConfig::default()
+    };
+    let (dnt, dnt_p) = gnp("dnt", vec![allow(None, &[])], vec![]);
+    let mut star = hep("*");
+    star.untracked_tiers = one_tier(&[&dnt], &[]);
+    // Two endpoints on one interface: the lowest id wins.
+    let mut second = hep("eth0");
+    second.profile_ids = vec!["never".into()];
+    let st = base(
+        &cfg,
+        &hep_model(
+            vec![
+                ("a", hep("eth0")),
+                ("b", second),
+                ("c", star),
+                ("d", hep("cali123")),
+            ],
+            vec![(dnt, dnt_p)],
+        ),
+    );
+    assert_eq!(
+        texts(&st.chains["hep-in"]),
+        vec![
+            "iifname \"cali*\" return",
+            "iifname \"eth0\" goto hi-eth0",
+            "goto hi_any"
+        ]
+    );
+    assert!(
+        !texts(&st.chains["hi-eth0"])
+            .iter()
+            .any(|r| r.contains(&profile_chain("never", true)))
+    );
+    assert!(!st.chains.contains_key("hi-cali123"));
+    assert!(!st.chains.contains_key("raw-prerouting"));
+    assert!(!st.chains.contains_key("hri_any"));
+}
+
+#[test]
+fn a_changed_host_endpoint_changes_only_its_chains() {
+    let cfg = NftConfig::default();
+    let (p, pp) = gnp("p", vec![allow(Some(6), &[(80, 80)])], vec![]);
+    let mut r = Renderer::new();
+    let before = r
+        .render(
+            &hep_model(
+                vec![("a", hep("eth0")), ("b", hep("eth1"))],
+                vec![(p.clone(), pp.clone())],
+            ),
+            &cfg,
+        )
+        .0;
+    let mut h = hep("eth1");
+    h.tiers = one_tier(&[&p], &[]);
+    let after = r
+        .render(
+            &hep_model(vec![("a", hep("eth0")), ("b", h)], vec![(p, pp)]),
+            &cfg,
+        )
+        .0;
+    let changed: Vec<&String> = after
+        .chains
+        .iter()
+        .filter(|(n, c)| before.chains.get(*n) != Some(*c))
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(changed, vec!["hi-eth1", "hi-eth1-0"]);
+}
+
+#[test]
+fn host_endpoints_are_summarised_for_the_status_api() {
+    let (p, pp) = gnp("p", vec![allow(Some(6), &[(80, 80)])], vec![]);
+    let mut h = hep("eth0");
+    h.tiers = one_tier(&[&p], &[]);
+    let (_, summaries) = Renderer::new().render(
+        &hep_model(vec![("a", h), ("b", hep("*"))], vec![(p, pp)]),
+        &NftConfig::default(),
+    );
+    let eth0 = summaries.iter().find(|s| s.interface == "eth0").unwrap();
+    assert_eq!(eth0.chains, vec!["hi-eth0-0", "hi-eth0", "ho-eth0"]);
+    assert!(eth0.rules > 5, "{eth0:?}");
+    let star = summaries.iter().find(|s| s.interface == "*").unwrap();
+    assert_eq!(star.chains, vec!["hi_any", "ho_any"]);
+}
+
+#[test]
+fn host_endpoints_with_names_nft_cannot_take_are_ignored() {
+    let st = base(
+        &NftConfig::default(),
+        &hep_model(
+            vec![
+                ("a", hep("eth0")),
+                ("b", hep("x\"; flush ruleset")),
+                ("c", hep("eth*")),
+                ("d", hep("averyveryverylongname")),
+            ],
+            vec![],
+        ),
+    );
+    let dispatch = texts(&st.chains["hep-in"]);
+    assert_eq!(
+        dispatch,
+        vec!["iifname \"cali*\" return", "iifname \"eth0\" goto hi-eth0"]
+    );
+}
