@@ -15,21 +15,29 @@
 //!
 //! DefaultEndpointToHostAction and natOutgoing stay in a small nftables table
 //! ([`crate::bpf_host_nft`]). Housekeeping runs the conntrack garbage collector every
-//! [`CT_GC_INTERVAL`]. Not in this milestone (see crates/bpf/DESIGN.md): host endpoints,
-//! IPv6, per-rule counters.
+//! [`CT_GC_INTERVAL`]. Flow logs read the program's events themselves
+//! ([`BpfStatusHandle::flow_source`]); the driver only publishes what slots and steps mean.
+//! Not in this milestone (see crates/bpf/DESIGN.md): host endpoints, IPv6.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use margay_bpf::compile::CompileConfig;
+use margay_bpf::compile::{BlockKey, CompileConfig};
+use margay_bpf::flows::{Decided, FlowNames};
+use margay_bpf::layout::{ACT_ALLOW, ACT_DENY, FlowEvent, HOOK_TO_WL};
 use margay_bpf::loader::{BpfMaps, CtGc, LinkRestore, LoadError, ensure_bpffs};
 use margay_bpf::sync::{AdoptReport, SyncReport, Syncer};
 use margay_calc::Message;
+use margay_calc::RuleAction;
+use margay_flows::RuleRef;
 
 use crate::bpf_host_nft::{HostNft, HostNftConfig};
 use crate::linux::interfaces::{InterfaceConfig, WorkloadInterfaces};
 use crate::linux::routing::{Routing, RoutingConfig};
 use crate::linux::sysctl::{ProcSys, Sysctl};
+use crate::nft::render::{LogOwner, flow_rule_ref};
 use crate::{DataplaneDriver, DataplaneError, EndpointStatus, Recording, StatusUpdate};
 
 /// How often housekeeping sweeps conntrack (Calico's BPF scanner: every 10 s).
@@ -57,13 +65,106 @@ pub struct BpfStatus {
     pub programs_replaced: usize,
 }
 
-/// Shared view of the driver's [`BpfStatus`].
+/// Shared view of the driver's [`BpfStatus`] (and what flow logs need of the driver).
 #[derive(Debug, Clone, Default)]
-pub struct BpfStatusHandle(std::sync::Arc<std::sync::Mutex<BpfStatus>>);
+pub struct BpfStatusHandle {
+    status: Arc<Mutex<BpfStatus>>,
+    flows: BpfFlowSource,
+}
 
 impl BpfStatusHandle {
     pub fn get(&self) -> BpfStatus {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.status).clone()
+    }
+
+    /// Where flow logs read the program's events and how they name them.
+    pub fn flow_source(&self) -> BpfFlowSource {
+        self.flows.clone()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Flow logs' view of the eBPF driver: the pin directory (the ring buffer is
+/// `<pin_dir>/mgy_flows`, read with [`margay_bpf::flows::FlowReader`]) and the names of the
+/// slots and steps the syncer wrote, published after every write while someone
+/// [wants](BpfFlowSource::want) them (nothing is built while flow logs are off).
+#[derive(Debug, Clone, Default)]
+pub struct BpfFlowSource {
+    pub pin_dir: PathBuf,
+    wanted: Arc<AtomicBool>,
+    names: Arc<Mutex<Arc<FlowNames>>>,
+}
+
+impl BpfFlowSource {
+    /// Asks the driver to publish names from its next write or housekeeping on.
+    pub fn want(&self) {
+        self.wanted.store(true, Ordering::Relaxed);
+    }
+
+    pub fn names(&self) -> Arc<FlowNames> {
+        lock(&self.names).clone()
+    }
+
+    /// What decided the event's flow, as flow records name it (the rule and its tier), or
+    /// None for what no policy decided (an endpoint's guards, a torn write, a Log rule, a
+    /// slot the names do not know yet).
+    pub fn resolve(names: &FlowNames, e: &FlowEvent) -> Option<(RuleRef, String)> {
+        use margay_flows::{Action, Direction, Origin};
+        let direction = if usize::from(e.hook) == HOOK_TO_WL {
+            Direction::Ingress
+        } else {
+            Direction::Egress
+        };
+        match names.resolve(e) {
+            Decided::Rule {
+                block,
+                rule_index,
+                action,
+            } => {
+                let action = match action {
+                    ACT_ALLOW => RuleAction::Allow,
+                    ACT_DENY => RuleAction::Deny,
+                    _ => return None,
+                };
+                let ingress = direction == Direction::Ingress;
+                let index = usize::try_from(rule_index).ok()?;
+                match &*block {
+                    BlockKey::Policy(id, _) => {
+                        flow_rule_ref(&LogOwner::policy(id), ingress, index, action)
+                            .map(|r| (r, id.tier.clone()))
+                    }
+                    BlockKey::Profile(name, _) => {
+                        flow_rule_ref(&LogOwner::profile(name), ingress, index, action)
+                            .map(|r| (r, "__PROFILE__".to_string()))
+                    }
+                    BlockKey::Guard(_) => None,
+                }
+            }
+            Decided::TierEnd { tier } => Some((
+                RuleRef {
+                    action: Action::Deny,
+                    direction,
+                    origin: Origin::EndOfTier {
+                        tier: tier.to_string(),
+                    },
+                    rule_index: None,
+                },
+                tier.to_string(),
+            )),
+            Decided::NoMatch => Some((
+                RuleRef {
+                    action: Action::Deny,
+                    direction,
+                    origin: Origin::NoProfile,
+                    rule_index: None,
+                },
+                "__PROFILE__".to_string(),
+            )),
+            Decided::Unknown => None,
+        }
     }
 }
 
@@ -108,6 +209,9 @@ pub struct BpfDriver {
     last_ct_gc: Instant,
     ct: CtGc,
     status_handle: BpfStatusHandle,
+    /// Successful writes so far, and the one whose flow names were last published.
+    writes: u64,
+    names_published: Option<u64>,
 }
 
 impl BpfDriver {
@@ -158,7 +262,15 @@ impl BpfDriver {
                 restore: (adopted, links),
                 last_ct_gc: Instant::now(),
                 ct: CtGc::default(),
-                status_handle: BpfStatusHandle::default(),
+                status_handle: BpfStatusHandle {
+                    status: Arc::default(),
+                    flows: BpfFlowSource {
+                        pin_dir: cfg.pin_dir.clone(),
+                        ..BpfFlowSource::default()
+                    },
+                },
+                writes: 0,
+                names_published: None,
             },
             state,
         ))
@@ -193,13 +305,17 @@ impl BpfDriver {
         self.status_handle.clone()
     }
 
-    fn publish_status(&self) {
+    fn publish_status(&mut self) {
         let st = self.status();
-        *self
-            .status_handle
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = st;
+        *lock(&self.status_handle.status) = st;
+        let flows = &self.status_handle.flows;
+        if flows.wanted.load(Ordering::Relaxed) && self.names_published != Some(self.writes) {
+            let mut names = self.syncer.flow_names();
+            let mut cur = lock(&flows.names);
+            names.keep_retired(&cur);
+            *cur = Arc::new(names);
+            self.names_published = Some(self.writes);
+        }
     }
 
     /// Runs one conntrack sweep now (housekeeping does every [`CT_GC_INTERVAL`]).
@@ -265,6 +381,7 @@ impl BpfDriver {
             tracing::debug!(interfaces = ?report.missing_interfaces, "eBPF: workload interfaces do not exist yet");
         }
         self.last_report = report;
+        self.writes += 1;
         let mut out = Vec::new();
         if self.in_sync_pending {
             self.in_sync_pending = false;

@@ -1067,3 +1067,159 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
         "Felix grew from {before} kB to {after} kB"
     );
 }
+
+/// The flows a `margay flows -o json` query returns.
+fn flows_json(env: &Env, args: &[&str]) -> Vec<Value> {
+    let out = env
+        .margay()
+        .args(["flows", "-o", "json", "--status-socket"])
+        .arg(env.socket())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The eBPF dataplane's flow logs (BPFEnabled=true): the program's ring-buffer events name
+/// the same rules, tiers and policy-hit strings as the nftables prefixes do; an allowed
+/// connection is one event (its first packet: established packets pass by conntrack
+/// without one); the per-rule and ring-buffer counters are on /metrics.
+#[test]
+fn flow_logs_on_ebpf_name_the_rule_that_decided_each_connection() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let env = setup("2");
+    env.apply("deny-db.yaml", DENY_DB);
+    let mut felix = env.start_felix(
+        "felix",
+        &[
+            ("FELIX_BPFENABLED", "true"),
+            ("FELIX_FLOWLOGSLOCALREPORTER", "Enabled"),
+            ("FELIX_PROMETHEUSMETRICSENABLED", "true"),
+            ("FELIX_PROMETHEUSMETRICSHOST", "127.0.0.1"),
+            ("FELIX_PROMETHEUSMETRICSPORT", "9091"),
+        ],
+    );
+    let st = env.wait_in_sync(&mut felix);
+    assert!(st["dataplane"]["bpf"].is_object(), "{st}");
+    assert!(!env.tcp(WEB, env.pods[DB].1, 80, "2"), "db:80 is denied");
+    assert!(env.tcp(WEB, env.pods[DB].1, 81, "2"), "db:81 is allowed");
+    let denied = felix.wait_for("the denied flow", Duration::from_secs(10), || {
+        let f = flows_json(&env, &["--denied"]);
+        match f.iter().find(|r| r["tuple"]["dst_port"] == 80) {
+            Some(r) => Ok(r.clone()),
+            None => Err(format!("{f:?}")),
+        }
+    });
+    assert_eq!(denied["action"], "deny", "{denied}");
+    assert_eq!(denied["source"]["name"], "web", "{denied}");
+    assert_eq!(denied["source"]["namespace"], "prod", "{denied}");
+    assert_eq!(denied["dest"]["name"], "db", "{denied}");
+    assert_eq!(denied["rule"]["origin"]["type"], "end-of-tier", "{denied}");
+    assert_eq!(
+        denied["policy"], "0|default|eot:default|deny|-1",
+        "{denied}"
+    );
+    assert_eq!(denied["reporter"], "dst");
+    assert_eq!(denied["node"], NODE);
+    let allowed = felix.wait_for("the allowed flow", Duration::from_secs(10), || {
+        let f = flows_json(&env, &["--pod", "prod/db", "--policy", "db-only-81"]);
+        match f.iter().find(|r| r["tuple"]["dst_port"] == 81) {
+            Some(r) => Ok(r.clone()),
+            None => Err(format!("{f:?}")),
+        }
+    });
+    assert_eq!(allowed["action"], "allow", "{allowed}");
+    assert_eq!(
+        allowed["policy"], "0|default|np:prod/db-only-81|allow|0",
+        "{allowed}"
+    );
+    assert_eq!(
+        allowed["packets"], 1,
+        "only the connection's first packet is judged (and logged): {allowed}"
+    );
+    // web's egress (its profile) allowed both connections: reported by the source.
+    let egress = flows_json(&env, &["--pod", "prod/web"]);
+    assert!(
+        egress.iter().any(|r| r["reporter"] == "src"
+            && r["policy"] == "0|__PROFILE__|pro:kns.prod|allow|0"
+            && r["tuple"]["dst_port"] == 81),
+        "{egress:?}"
+    );
+    let ns_file = std::fs::File::open(format!("/var/run/netns/{}", env.ns().name())).unwrap();
+    let metrics = margay_netlink::netns::run_in(&ns_file, || {
+        margay_testkit::roles::http_get(9091, "/metrics")
+            .map(|(_, body)| body)
+            .ok_or_else(|| std::io::Error::other("no answer from /metrics"))
+    })
+    .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("felix_policy_rule_packets_total{")
+                && l.contains("policy=\"np/prod/db-only-81\"")
+                && l.contains("action=\"allow\"")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("felix_bpf_flow_events_dropped_total 0"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("felix_denied_flows_total{namespace=\"prod\"}")),
+        "{metrics}"
+    );
+    // --follow shows a connection made after it started within its polling.
+    let follower = env
+        .margay()
+        .args([
+            "flows",
+            "--follow",
+            "--until-seconds",
+            "5",
+            "--last",
+            "0",
+            "--status-socket",
+        ])
+        .arg(env.socket())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(!env.tcp(WEB, env.pods[DB].1, 80, "2"));
+    let out = follower.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|l| l.contains("prod/web")
+            && l.contains("prod/db")
+            && l.contains("DENIED")
+            && l.contains("end of tier default")),
+        "{text}"
+    );
+    drop(felix);
+
+    // Flow logs off: the program writes no events (the switch is off), `margay flows` says
+    // how to turn them on.
+    let mut felix = env.start_felix("felix-off", &[("FELIX_BPFENABLED", "true")]);
+    env.wait_in_sync(&mut felix);
+    let out = env
+        .margay()
+        .args(["flows", "--status-socket"])
+        .arg(env.socket())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("FlowLogsLocalReporter"));
+}
