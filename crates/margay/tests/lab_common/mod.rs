@@ -284,12 +284,9 @@ fn now_ms() -> u64 {
 
 /// Flow logs agree with the matrix: one more matrix, then every probe between two pods has a
 /// flow record on some node — a denied probe a denied flow naming what denied it, an allowed
-/// probe an allowed flow (and no denied one). Skipped on the eBPF dataplane (no flow logs
-/// there yet).
+/// probe an allowed flow (and no denied one). On both dataplanes: NFLOG prefixes with
+/// nftables, the program's ring-buffer events with eBPF (`MARGAY_LAB_DATAPLANE=bpf`).
 pub fn check_flows(lab: &Lab, port: u16, protocol: &str) -> Result<(), String> {
-    if std::env::var("MARGAY_LAB_DATAPLANE").as_deref() == Ok("bpf") {
-        return Ok(());
-    }
     let since = now_ms();
     let m = lab.matrix(port, protocol);
     let ips = lab.ips();
@@ -338,7 +335,24 @@ pub fn check_flows(lab: &Lab, port: u16, protocol: &str) -> Result<(), String> {
         }
         // Flows are closed every second.
         if t.elapsed() > Duration::from_secs(6) {
-            return Err(format!("{wrong:?}"));
+            // Each node's counters (shed, unknown rules, kernel drops) say where flows went.
+            let mut counters = Vec::new();
+            for dir in std::fs::read_dir(lab.dir.join("nodes"))
+                .into_iter()
+                .flatten()
+            {
+                let Ok(dir) = dir else { continue };
+                let out = Command::new(bin())
+                    .args(["felix", "status", "--socket"])
+                    .arg(dir.path().join("felix.sock"))
+                    .arg("flows?last=0")
+                    .output();
+                if let Ok(o) = out {
+                    let text = String::from_utf8_lossy(&o.stdout).replace(['\n', ' '], "");
+                    counters.push(format!("{}: {text}", dir.file_name().to_string_lossy()));
+                }
+            }
+            return Err(format!("{wrong:?}; {counters:?}"));
         }
         std::thread::sleep(Duration::from_millis(500));
     }
