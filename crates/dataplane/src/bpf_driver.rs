@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use margay_bpf::compile::{BlockKey, CompileConfig};
 use margay_bpf::flows::{Decided, FlowNames};
-use margay_bpf::layout::{ACT_ALLOW, ACT_DENY, FlowEvent, HOOK_TO_WL};
+use margay_bpf::layout::{ACT_ALLOW, ACT_DENY, ACT_LOG, FlowEvent, HOOK_TO_WL};
 use margay_bpf::loader::{BpfMaps, CtGc, LinkRestore, LoadError, ensure_bpffs};
 use margay_bpf::sync::{AdoptReport, SyncReport, Syncer};
 use margay_calc::Message;
@@ -37,7 +37,7 @@ use crate::bpf_host_nft::{HostNft, HostNftConfig};
 use crate::linux::interfaces::{InterfaceConfig, WorkloadInterfaces};
 use crate::linux::routing::{Routing, RoutingConfig};
 use crate::linux::sysctl::{ProcSys, Sysctl};
-use crate::nft::render::{LogOwner, flow_rule_ref};
+use crate::nft::render::{LogOwner, flow_rule_ref, log_prefix};
 use crate::{DataplaneDriver, DataplaneError, EndpointStatus, Recording, StatusUpdate};
 
 /// How often housekeeping sweeps conntrack (Calico's BPF scanner: every 10 s).
@@ -106,6 +106,47 @@ impl BpfFlowSource {
 
     pub fn names(&self) -> Arc<FlowNames> {
         lock(&self.names).clone()
+    }
+
+    /// A Log rule's event (`ACT_LOG`: Calico logs the packet and evaluation goes on) as the
+    /// line the nftables dataplane's `log prefix "calico-packet"` writes, naming the policy
+    /// and rule; None for any other event or a rule the names do not know.
+    pub fn log_line(names: &FlowNames, e: &FlowEvent) -> Option<String> {
+        if e.action != ACT_LOG {
+            return None;
+        }
+        let Decided::Rule {
+            block, rule_index, ..
+        } = names.resolve(e)
+        else {
+            return None;
+        };
+        let owner = match &*block {
+            BlockKey::Policy(id, _) => LogOwner::policy(id),
+            BlockKey::Profile(name, _) => LogOwner::profile(name),
+            BlockKey::Guard(_) => return None,
+        };
+        let who = if owner.namespace.is_empty() {
+            format!("{}/{}", owner.kind, owner.name)
+        } else {
+            format!("{}/{}/{}", owner.kind, owner.namespace, owner.name)
+        };
+        let dir = if usize::from(e.hook) == HOOK_TO_WL {
+            "ingress"
+        } else {
+            "egress"
+        };
+        Some(format!(
+            "{}: IFINDEX={} SRC={} DST={} PROTO={} SPT={} DPT={} LEN={} ({who} {dir} rule {rule_index})",
+            log_prefix("", &owner),
+            e.ifindex,
+            e.src,
+            e.dst,
+            e.proto,
+            e.sport,
+            e.dport,
+            e.len
+        ))
     }
 
     /// What decided the event's flow, as flow records name it (the rule and its tier), or
@@ -548,5 +589,85 @@ impl DataplaneDriver for BpfDriver {
         self.write_routes(refresh);
         self.publish_status();
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use margay_bpf::layout::{ACT_PASS, EV_NO_MATCH, EV_RULE, EV_TIER_END, HOOK_FROM_WL};
+    use margay_calc::PolicyId;
+
+    fn event(kind: u8, hook: usize, action: u8) -> FlowEvent {
+        FlowEvent {
+            ts_ns: 0,
+            src: std::net::Ipv4Addr::new(10, 0, 0, 1),
+            dst: std::net::Ipv4Addr::new(10, 0, 0, 2),
+            sport: 40000,
+            dport: 80,
+            proto: 6,
+            hook: hook as u8,
+            kind,
+            action,
+            ifindex: 4,
+            slot: 7,
+            idx: 1,
+            rule_index: 2,
+            step: 3,
+            len: 60,
+            icmp_type: 0,
+            icmp_code: 0,
+        }
+    }
+
+    /// Events name rules exactly as the nftables prefixes do: policy kind, namespace, name,
+    /// rule index (the policy's, not the block's), direction, tier ends and no profile.
+    #[test]
+    fn events_resolve_to_the_nft_prefixes_rules() {
+        let np = PolicyId {
+            tier: "security".into(),
+            namespace: "prod".into(),
+            name: "db".into(),
+        };
+        let mut names = FlowNames::default();
+        names
+            .slots
+            .insert(7, Arc::new(BlockKey::Policy(np, HOOK_TO_WL)));
+        names
+            .deny_steps
+            .insert((4, HOOK_FROM_WL as u8, 3), Arc::from("security"));
+        let resolve = |e: FlowEvent| BpfFlowSource::resolve(&names, &e);
+        let (r, tier) = resolve(event(EV_RULE, HOOK_TO_WL, ACT_ALLOW)).expect("a policy rule");
+        assert_eq!(r.full_prefix(), "API2|np/prod/db");
+        assert_eq!(tier, "security");
+        let (r, _) = resolve(event(EV_RULE, HOOK_TO_WL, ACT_DENY)).expect("a policy rule");
+        assert_eq!(r.full_prefix(), "DPI2|np/prod/db");
+        let (r, tier) =
+            resolve(event(EV_TIER_END, HOOK_FROM_WL, ACT_DENY)).expect("the tier's end");
+        assert_eq!(
+            (r.full_prefix().as_str(), tier.as_str()),
+            ("DPE|security", "security")
+        );
+        let (r, _) = resolve(event(EV_NO_MATCH, HOOK_TO_WL, ACT_DENY)).expect("no profile");
+        assert_eq!(r.full_prefix(), "DRI");
+        // Pass and Log decide nothing; an unknown slot names nothing.
+        assert_eq!(resolve(event(EV_RULE, HOOK_TO_WL, ACT_PASS)), None);
+        assert_eq!(resolve(event(EV_RULE, HOOK_TO_WL, ACT_LOG)), None);
+        let mut other = event(EV_RULE, HOOK_TO_WL, ACT_ALLOW);
+        other.slot = 8;
+        assert_eq!(resolve(other), None);
+        // A Log rule's event is a calico-packet line naming the rule.
+        let line = BpfFlowSource::log_line(&names, &event(EV_RULE, HOOK_TO_WL, ACT_LOG))
+            .expect("a log line");
+        assert!(line.starts_with("calico-packet: "), "{line}");
+        assert!(line.contains("np/prod/db ingress rule 2"), "{line}");
+        assert!(
+            line.contains("SRC=10.0.0.1 DST=10.0.0.2 PROTO=6 SPT=40000 DPT=80"),
+            "{line}"
+        );
+        assert_eq!(
+            BpfFlowSource::log_line(&names, &event(EV_RULE, HOOK_TO_WL, ACT_ALLOW)),
+            None
+        );
     }
 }

@@ -29,6 +29,8 @@ use serde::{Deserialize, Serialize};
 
 /// New flows kept per one-second interval (a flood beyond is shed and counted).
 pub const MAX_FLOWS: usize = 10_000;
+/// Log rules' packet lines (eBPF dataplane) written a second, at most.
+const LOG_LINES: u32 = 10;
 /// Most flows one answer carries.
 pub const MAX_ANSWER: usize = 4095;
 /// How often the rule table and the address map are rebuilt from the dataplane model, at
@@ -226,6 +228,8 @@ impl FlowLogs {
                 let mut offset = offset_ms();
                 let mut names = source.names();
                 let mut names_at = Instant::now();
+                // Log rules' lines: at most LOG_LINES a second, the rest counted.
+                let (mut log_window, mut log_lines, mut log_suppressed) = (Instant::now(), 0, 0u64);
                 while !l.stop.load(Ordering::Relaxed) {
                     if names_at.elapsed() >= Duration::from_millis(100) {
                         names = source.names();
@@ -233,6 +237,24 @@ impl FlowLogs {
                         offset = offset_ms();
                     }
                     reader.poll(Duration::from_millis(200), MAX_FLOWS, |e| {
+                        if e.action == margay_bpf::layout::ACT_LOG {
+                            if log_window.elapsed() >= Duration::from_secs(1) {
+                                if log_suppressed > 0 {
+                                    tracing::info!(
+                                        suppressed = log_suppressed,
+                                        "Log rule lines over {LOG_LINES}/s not written"
+                                    );
+                                }
+                                (log_window, log_lines, log_suppressed) = (Instant::now(), 0, 0);
+                            }
+                            if log_lines >= LOG_LINES {
+                                log_suppressed += 1;
+                            } else if let Some(line) = BpfFlowSource::log_line(&names, &e) {
+                                log_lines += 1;
+                                tracing::info!("{line}");
+                            }
+                            return;
+                        }
                         // A slot written since the names were taken: take them again.
                         let mut r = BpfFlowSource::resolve(&names, &e);
                         if r.is_none() && names_at.elapsed() >= Duration::from_millis(20) {

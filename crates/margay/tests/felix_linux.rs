@@ -1208,6 +1208,22 @@ fn flow_logs_on_ebpf_name_the_rule_that_decided_each_connection() {
             && l.contains("end of tier default")),
         "{text}"
     );
+    // A Log rule (issue 18): Calico logs the packet and evaluation goes on — here the
+    // program's log event becomes Felix's `calico-packet` line naming the policy; the
+    // connection is still decided by the next rule.
+    env.apply("log.yaml", LOG_WEB);
+    let log_path = felix.log_path().to_path_buf();
+    felix.wait_for("the Log rule's line", Duration::from_secs(15), || {
+        if !env.tcp(DB, env.pods[WEB].1, 80, "2") {
+            return Err("db -> web:80 not allowed yet".into());
+        }
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        match log.lines().find(|l| l.contains("calico-packet: ")) {
+            Some(l) if l.contains("gnp/log-web ingress rule 0") && l.contains("DPT=80") => Ok(()),
+            Some(l) => Err(format!("unexpected line {l}")),
+            None => Err("no calico-packet line yet".into()),
+        }
+    });
     drop(felix);
 
     // Flow logs off: the program writes no events (the switch is off), `margay flows` says
