@@ -129,6 +129,8 @@ fn main() {
     }
 
     let mut lat = Vec::with_capacity(changes);
+    let mut graph_lat = Vec::with_capacity(changes);
+    let mut driver_lat = Vec::with_capacity(changes);
     for c in 0..changes {
         let i = ((c / 2) * 7919) % services;
         // Odd changes restore what even ones removed.
@@ -141,9 +143,12 @@ fn main() {
         );
         let msgs = graph.flush();
         model.apply_all(&msgs).unwrap();
+        let graphed = t.elapsed();
         driver.mark_dirty();
         driver.sync(&model).unwrap();
         lat.push(t.elapsed());
+        graph_lat.push(graphed);
+        driver_lat.push(t.elapsed() - graphed);
     }
     {
         let s = stats.lock();
@@ -154,6 +159,13 @@ fn main() {
             s.last_nft_seconds * 1e3
         );
     }
+    println!(
+        "endpoint change: graph p50 {:.1} ms p99 {:.1} ms; driver (render, diff, write) p50 {:.1} ms p99 {:.1} ms",
+        pct(&mut graph_lat, 0.5).as_secs_f64() * 1e3,
+        pct(&mut graph_lat, 0.99).as_secs_f64() * 1e3,
+        pct(&mut driver_lat, 0.5).as_secs_f64() * 1e3,
+        pct(&mut driver_lat, 0.99).as_secs_f64() * 1e3,
+    );
     println!(
         "endpoint change -> kernel: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms over {changes} changes",
         pct(&mut lat, 0.5).as_secs_f64() * 1e3,

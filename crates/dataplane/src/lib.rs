@@ -13,6 +13,7 @@
 
 pub mod bpf_driver;
 pub mod bpf_host_nft;
+pub mod conntrack;
 pub mod exec;
 pub mod linux;
 pub mod linux_driver;

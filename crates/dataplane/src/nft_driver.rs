@@ -180,6 +180,16 @@ impl NftDriver {
             Ok(()) => {
                 drop(stats);
                 self.add_flowtable_devices(model);
+                if !desired.services.stale_udp.is_empty() {
+                    let (ran, failure) = crate::conntrack::delete(
+                        &desired.services.stale_udp,
+                        self.cfg.runner.netns.as_deref(),
+                    );
+                    tracing::debug!(ran, "deleted stale UDP service flows");
+                    if let Some(f) = failure {
+                        tracing::warn!("clearing stale UDP service flows: {f}");
+                    }
+                }
                 let mut stats = self.stats.lock();
                 self.programmed = Some(Fingerprint::of(&desired));
                 self.dirty = false;
@@ -188,7 +198,7 @@ impl NftDriver {
                 }
                 stats.last_apply_seconds = started.elapsed().as_secs_f64();
                 stats.last_error = None;
-                stats.chains = desired.chains.len();
+                stats.chains = desired.num_chains();
                 stats.rules = desired.num_rules();
                 stats.elements = desired.num_elements();
                 stats.endpoints = summaries;

@@ -8,10 +8,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use margay_api::{Resource, ResourceKey, decode_one};
@@ -19,7 +17,7 @@ use margay_calc::services::{KubeEndpointSlice, KubeService};
 use margay_calc::{CalcConfig, CalcGraph, DataplaneModel};
 use margay_dataplane::nft::{NftConfig, NftRunner};
 use margay_dataplane::nft_driver::{NftDriver, NftDriverConfig};
-use margay_testkit::netns::{Netns, is_root};
+use margay_testkit::netns::{NameServers, Netns, is_root};
 use serde_json::json;
 
 const NODE: &str = "nodea";
@@ -30,59 +28,8 @@ const BACKENDS: [(&str, &str, &str); 3] = [
     ("b3", "10.65.0.3", "calib3"),
 ];
 
-/// Joins `ns` on the calling thread, checking that it took effect.
 fn enter(ns: &str) {
-    use std::os::unix::fs::MetadataExt;
-    let path = format!("/run/netns/{ns}");
-    let file = std::fs::File::open(&path).unwrap();
-    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-    let want = std::fs::metadata(&path).unwrap().ino();
-    let have = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
-    assert_eq!(want, have, "setns into {path} did not take effect");
-}
-
-/// Name servers inside the backend pods, stopped and joined on drop.
-struct Servers {
-    stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Servers {
-    fn start(pods: &[(String, &'static str)]) -> Servers {
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        let (tx, rx) = std::sync::mpsc::channel();
-        for (ns, name) in pods {
-            let (ns, name, stop, tx) = (ns.clone(), *name, stop.clone(), tx.clone());
-            threads.push(std::thread::spawn(move || {
-                enter(&ns);
-                let l = TcpListener::bind("0.0.0.0:8080").unwrap();
-                l.set_nonblocking(true).unwrap();
-                tx.send(()).unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    match l.accept() {
-                        Ok((mut s, _)) => {
-                            let _ = s.write_all(name.as_bytes());
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
-                    }
-                }
-            }));
-        }
-        for _ in pods {
-            rx.recv_timeout(Duration::from_secs(10)).unwrap();
-        }
-        Servers { stop, threads }
-    }
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-    }
+    margay_testkit::netns::enter(ns).unwrap();
 }
 
 // The fields are read through Debug in failure messages.
@@ -166,7 +113,7 @@ fn slice(backends: &[&str]) -> KubeEndpointSlice {
 
 struct Node {
     // Field order is drop order: servers stop before their namespaces go.
-    _servers: Servers,
+    _servers: NameServers,
     client: Netns,
     _backends: Vec<Netns>,
     node: Netns,
@@ -199,10 +146,10 @@ impl Node {
         let mut pods = Vec::new();
         for (pod, ip, iface) in BACKENDS {
             let ns = node.add_pod(&format!("svc-{pod}"), ip, iface).unwrap();
-            pods.push((ns.name().to_string(), pod));
+            pods.push((ns.name().to_string(), pod.to_string()));
             backends.push(ns);
         }
-        let servers = Servers::start(&pods);
+        let servers = NameServers::start(&pods, 8080).unwrap();
         let (driver, _stats) = NftDriver::new(NftDriverConfig {
             nft: NftConfig {
                 ipv6: false,
@@ -273,7 +220,12 @@ impl Node {
 
     /// `n` connections from the client pod to `addr`, each bounded by `timeout`.
     fn connect(&self, addr: &str, n: usize, timeout: Duration) -> Vec<Outcome> {
-        let ns = self.client.name().to_string();
+        self.connect_from(self.client.name(), addr, n, timeout)
+    }
+
+    /// `n` connections from the pod in namespace `ns` to `addr`.
+    fn connect_from(&self, ns: &str, addr: &str, n: usize, timeout: Duration) -> Vec<Outcome> {
+        let ns = ns.to_string();
         let addr: SocketAddr = addr.parse().unwrap();
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -357,6 +309,24 @@ fn cluster_ip_spreads_rejects_when_empty_policy_sees_the_backend_affinity_and_no
         "{out:?}"
     );
 
+    // What was written reads back as written: a driver starting afresh (a restarted Felix)
+    // finds nothing to change.
+    let (mut fresh, _) = NftDriver::new(NftDriverConfig {
+        nft: NftConfig {
+            ipv6: false,
+            ..NftConfig::default()
+        },
+        runner: NftRunner {
+            netns: Some(n.node.name().to_string()),
+            ..NftRunner::default()
+        },
+        refresh_interval: Duration::ZERO,
+        flowtable_extra_devices: None,
+    });
+    fresh.mark_dirty();
+    let tx = fresh.sync(&n.model).unwrap();
+    assert!(tx.is_empty(), "a read-back differs: {tx:?}\n{}", n.table());
+
     // One endpoint left: only it answers.
     n.endpoints(&["10.65.0.3"]);
     let out = n.connect(&svc_addr, 10, Duration::from_secs(2));
@@ -364,6 +334,16 @@ fn cluster_ip_spreads_rejects_when_empty_policy_sees_the_backend_affinity_and_no
         answered(&out),
         BTreeSet::from(["b3".to_string()]),
         "{out:?}"
+    );
+    // Hairpin: the endpoint reaches itself through its own service (masqueraded, or its
+    // reply would go straight back to itself and never match the connection).
+    let b3 = n._backends[2].name().to_string();
+    let out = n.connect_from(&b3, &svc_addr, 3, Duration::from_secs(2));
+    assert_eq!(
+        answered(&out),
+        BTreeSet::from(["b3".to_string()]),
+        "{out:?}\n{}",
+        n.table()
     );
 
     // Scaled to zero: refused at once (a TCP reset), not a timeout.
@@ -439,4 +419,154 @@ spec:
     n.graph.on_kube_service("prod", "web", None);
     n.program();
     assert!(!n.table().contains("svc-ips-4"), "{}", n.table());
+}
+
+/// UDP servers answering every datagram with their name, stopped and joined on drop.
+struct UdpNames {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl UdpNames {
+    fn start(pods: &[(String, &'static str)], port: u16) -> UdpNames {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let threads = pods
+            .iter()
+            .map(|(ns, name)| {
+                let (ns, name, stop, tx) = (ns.clone(), *name, stop.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    enter(&ns);
+                    let s = std::net::UdpSocket::bind(("0.0.0.0", port)).unwrap();
+                    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+                    tx.send(()).unwrap();
+                    let mut buf = [0u8; 64];
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok((_, from)) = s.recv_from(&mut buf) {
+                            let _ = s.send_to(name.as_bytes(), from);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for _ in pods {
+            rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        }
+        UdpNames { stop, threads }
+    }
+}
+
+impl Drop for UdpNames {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn udp_service() -> KubeService {
+    serde_json::from_value(json!({
+        "metadata": {"name": "dns", "namespace": "prod"},
+        "spec": {"clusterIP": "10.96.0.53", "clusterIPs": ["10.96.0.53"],
+                 "ports": [{"name": "dns", "protocol": "UDP", "port": 53, "targetPort": 5353}]}
+    }))
+    .unwrap()
+}
+
+fn udp_slice(backends: &[&str]) -> KubeEndpointSlice {
+    let eps: Vec<_> = backends
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}, "nodeName": NODE}))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": "dns-x1", "namespace": "prod",
+                     "labels": {"kubernetes.io/service-name": "dns"}},
+        "addressType": "IPv4",
+        "endpoints": eps,
+        "ports": [{"name": "dns", "protocol": "UDP", "port": 5353}]
+    }))
+    .unwrap()
+}
+
+/// Datagrams from one fixed client port (as a DNS client reusing its socket), each answer's
+/// sender name or None.
+fn ask(client_ns: &str, count: usize) -> Vec<Option<String>> {
+    let ns = client_ns.to_string();
+    std::thread::spawn(move || {
+        enter(&ns);
+        let s = std::net::UdpSocket::bind("10.65.0.10:40053").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        (0..count)
+            .map(|_| {
+                s.send_to(b"?", "10.96.0.53:53").unwrap();
+                let mut buf = [0u8; 64];
+                s.recv_from(&mut buf)
+                    .ok()
+                    .map(|(n, _)| String::from_utf8_lossy(&buf[..n]).into_owned())
+            })
+            .collect()
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn a_udp_backend_leaving_the_service_loses_its_flows() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let mut n = Node::new();
+    let pods: Vec<(String, &'static str)> = n
+        ._backends
+        .iter()
+        .zip(BACKENDS)
+        .map(|(ns, (pod, _, _))| (ns.name().to_string(), pod))
+        .collect();
+    let _udp = UdpNames::start(&pods, 5353);
+    n.graph.on_kube_service("prod", "dns", Some(&udp_service()));
+    n.graph.on_endpoint_slice(
+        "prod",
+        "dns-x1",
+        Some(&udp_slice(&["10.65.0.1", "10.65.0.2"])),
+    );
+    n.program();
+    // One flow (same client port): conntrack keeps it on the backend chosen first.
+    let first = ask(n.client.name(), 3);
+    let chosen = first[0]
+        .clone()
+        .unwrap_or_else(|| panic!("{first:?}\n{}", n.table()));
+    assert!(
+        first.iter().all(|a| a.as_deref() == Some(&chosen)),
+        "{first:?}"
+    );
+    // That backend leaves the service (its pod still answers, as a terminating pod would):
+    // the flow's entry is deleted, so the next datagram goes to the one left.
+    let (left, remaining) = if chosen == "b1" {
+        ("10.65.0.1", "b2")
+    } else {
+        ("10.65.0.2", "b1")
+    };
+    let keep = if left == "10.65.0.1" {
+        "10.65.0.2"
+    } else {
+        "10.65.0.1"
+    };
+    n.graph
+        .on_endpoint_slice("prod", "dns-x1", Some(&udp_slice(&[keep])));
+    n.program();
+    let after = ask(n.client.name(), 2);
+    assert_eq!(
+        after,
+        vec![Some(remaining.to_string()), Some(remaining.to_string())],
+        "the flow stayed on the backend that left\n{}",
+        n.node
+            .exec("conntrack")
+            .args(["-L", "-p", "udp"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    );
 }

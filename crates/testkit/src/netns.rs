@@ -192,6 +192,90 @@ fn run(cmd: &mut Command) -> io::Result<String> {
     }
 }
 
+/// Moves the calling thread into the network namespace `name` (made by [`Netns`]), checking
+/// that it took effect. Only this thread moves: run it on a thread of its own.
+pub fn enter(name: &str) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let path = format!("/run/netns/{name}");
+    let file = std::fs::File::open(&path)?;
+    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| io::Error::other(format!("entering {path}: {e}")))?;
+    let want = std::fs::metadata(&path)?.ino();
+    let have = std::fs::metadata("/proc/thread-self/ns/net")?.ino();
+    if want != have {
+        return Err(io::Error::other(format!(
+            "setns into {path} did not take effect"
+        )));
+    }
+    Ok(())
+}
+
+/// TCP servers inside network namespaces, each answering every connection on `port` with
+/// its name and closing it; stopped and joined on drop.
+#[derive(Debug)]
+pub struct NameServers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl NameServers {
+    /// One server per (namespace, name); returns once all listen.
+    pub fn start(pods: &[(String, String)], port: u16) -> io::Result<NameServers> {
+        use std::io::Write;
+        use std::sync::atomic::AtomicBool;
+        use std::time::Duration;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let mut servers = NameServers {
+            stop: stop.clone(),
+            threads: Vec::new(),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (ns, name) in pods {
+            let (ns, name, stop, tx) = (ns.clone(), name.clone(), stop.clone(), tx.clone());
+            servers.threads.push(std::thread::spawn(move || {
+                let listener = enter(&ns).and_then(|()| {
+                    let l = std::net::TcpListener::bind(("0.0.0.0", port))?;
+                    l.set_nonblocking(true)?;
+                    Ok(l)
+                });
+                let l = match listener {
+                    Ok(l) => {
+                        let _ = tx.send(Ok(()));
+                        l
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    match l.accept() {
+                        Ok((mut s, _)) => {
+                            let _ = s.set_nonblocking(false);
+                            let _ = s.write_all(name.as_bytes());
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_micros(200)),
+                    }
+                }
+            }));
+        }
+        for _ in pods {
+            rx.recv_timeout(Duration::from_secs(10))
+                .map_err(|_| io::Error::other("a name server did not start within 10 s"))??;
+        }
+        Ok(servers)
+    }
+}
+
+impl Drop for NameServers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 /// True when running as root (uid 0), read from /proc/self/status.
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")

@@ -8,10 +8,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use crate::nft::elements::{ElemType, ElementChange};
 use crate::nft::observe::base_key;
-use crate::nft::render::{NftState, rule_line};
+use crate::nft::render::{NftState, RenderedService, rule_line};
 
 /// What a table holds, as far as comparison needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,11 +24,51 @@ pub struct Fingerprint {
     pub maps: BTreeMap<String, BTreeMap<String, String>>,
     /// Chain → (base declaration if a base chain, rule hashes in order).
     pub chains: BTreeMap<String, (Option<String>, Vec<String>)>,
+    /// The service ports as last written, apart from the fields above, with the renderer's
+    /// generation of that state (see [`NftState::services`]); None when the table was read
+    /// back from the kernel, where everything is in the fields above.
+    pub services: Option<(u64, Vec<Arc<RenderedService>>)>,
+}
+
+fn chain_print(c: &crate::nft::render::ChainSpec) -> (Option<String>, Vec<String>) {
+    (
+        c.base.as_deref().map(base_key),
+        c.rules.iter().map(|r| r.hash.clone()).collect(),
+    )
 }
 
 impl Fingerprint {
+    /// The same table with the service ports merged in (as a read-back would see it).
+    pub fn flattened(&self) -> Fingerprint {
+        let mut fp = Fingerprint {
+            services: None,
+            ..self.clone()
+        };
+        for r in self.services.iter().flat_map(|(_, all)| all) {
+            for (name, c) in &r.chains {
+                fp.chains.insert(name.clone(), chain_print(c));
+            }
+            for (name, set) in &r.sets {
+                fp.sets
+                    .insert(name.clone(), (Some(set.decl.clone()), set.elements.clone()));
+            }
+            for (set, elem) in &r.set_elements {
+                if let Some((_, elems)) = fp.sets.get_mut(set) {
+                    elems.insert(elem.clone());
+                }
+            }
+            for (map, key, value) in &r.elements {
+                if let Some(elems) = fp.maps.get_mut(map) {
+                    elems.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        fp
+    }
+
     pub fn of(state: &NftState) -> Fingerprint {
         Fingerprint {
+            services: Some((state.services.generation, state.services.all.clone())),
             table_exists: true,
             sets: state
                 .sets
@@ -42,15 +83,7 @@ impl Fingerprint {
             chains: state
                 .chains
                 .iter()
-                .map(|(k, c)| {
-                    (
-                        k.clone(),
-                        (
-                            c.base.as_deref().map(base_key),
-                            c.rules.iter().map(|r| r.hash.clone()).collect(),
-                        ),
-                    )
-                })
+                .map(|(k, c)| (k.clone(), chain_print(c)))
                 .collect(),
         }
     }
@@ -90,6 +123,9 @@ fn element_lines(out: &mut String, verb: &str, table: &str, set: &str, elems: &[
 
 /// The nft script that turns `from` into `to` (empty when nothing differs).
 pub fn transaction(table: &str, from: &Fingerprint, to: &NftState) -> (String, TxStats) {
+    if from.services.is_some() || !to.services.all.is_empty() {
+        return transaction(table, &from.flattened(), &to.flattened());
+    }
     // A set whose type changed cannot be fixed in place while rules use it (set names encode
     // their type, so only tampering gets here): replace the whole table, still atomically.
     let retyped = to.sets.iter().any(
@@ -284,6 +320,13 @@ fn elem_change(
 
 /// Plans the change from `from` to `to`.
 pub fn plan(table: &str, from: &Fingerprint, to: &NftState) -> Plan {
+    // The services are planned from the renderer's changes when `from` is the state the
+    // renderer produced just before `to`; otherwise (read back from the kernel, or a failed
+    // write in between) everything is compared, services included.
+    let consecutive = matches!(&from.services, Some((g, _)) if g + 1 == to.services.generation);
+    if !consecutive && (from.services.is_some() || !to.services.all.is_empty()) {
+        return plan(table, &from.flattened(), &to.flattened());
+    }
     let mut p = Plan::default();
     let retyped = to.sets.iter().any(
         |(name, set)| matches!(from.sets.get(name), Some((Some(decl), _)) if *decl != set.decl),
@@ -347,8 +390,20 @@ pub fn plan(table: &str, from: &Fingerprint, to: &NftState) -> Plan {
                 .extend(elem_change(name, &set.decl, add, delete));
         }
     }
-    // 3. Chains.
+    // 3. Chains: every new chain first, so rules may jump to any.
     let mut chains = String::new();
+    let mut rules = String::new();
+    let services = consecutive.then(|| ServiceChanges::of(&to.services.changed));
+    if let Some(sc) = &services {
+        for (name, set) in &sc.new_sets {
+            let _ = writeln!(
+                declare_more(&mut p.declare, table),
+                "add set inet {table} {name} {{ {} }}",
+                set.decl
+            );
+            stats.sets_created += 1;
+        }
+    }
     for (name, chain) in &to.chains {
         if !from.chains.contains_key(name) {
             match &chain.base {
@@ -365,26 +420,36 @@ pub fn plan(table: &str, from: &Fingerprint, to: &NftState) -> Plan {
             let _ = writeln!(chains, "add chain inet {table} {name} {{ {base} }}");
         }
     }
+    let mut write_chain = |name: &str, chain: &crate::nft::render::ChainSpec, existed: bool| {
+        if existed {
+            let _ = writeln!(rules, "flush chain inet {table} {name}");
+        }
+        for r in &chain.rules {
+            rules.push_str(&rule_line(table, name, r));
+            rules.push('\n');
+        }
+        stats.chains_written += 1;
+        stats.rules_written += chain.rules.len();
+    };
     for (name, chain) in &to.chains {
         let same = from
             .chains
             .get(name)
             .is_some_and(|(_, old)| old.iter().eq(chain.rules.iter().map(|r| &r.hash)));
-        if same {
-            continue;
+        if !same {
+            write_chain(name, chain, from.chains.contains_key(name));
         }
-        if from.chains.contains_key(name) {
-            let _ = writeln!(chains, "flush chain inet {table} {name}");
-        }
-        for r in &chain.rules {
-            chains.push_str(&rule_line(table, name, r));
-            chains.push('\n');
-        }
-        stats.chains_written += 1;
-        stats.rules_written += chain.rules.len();
     }
-    if !chains.is_empty() {
-        p.chains = format!("add table inet {table}\n{chains}");
+    if let Some(sc) = &services {
+        for (name, chain, existed) in &sc.chains {
+            if !existed {
+                let _ = writeln!(chains, "add chain inet {table} {name}");
+            }
+            write_chain(name, chain, *existed);
+        }
+    }
+    if !chains.is_empty() || !rules.is_empty() {
+        p.chains = format!("add table inet {table}\n{chains}{rules}");
     }
     // 4. Dispatch maps, then the interfaces they dispatch.
     for (name, map) in &to.maps {
@@ -406,14 +471,35 @@ pub fn plan(table: &str, from: &Fingerprint, to: &NftState) -> Plan {
         p.elements_after
             .extend(elem_change(name, &map.decl, add, delete));
     }
+    if let Some(sc) = &services {
+        for (name, (add, delete)) in &sc.elements {
+            // A map that goes altogether (the last service went) takes its elements along.
+            if !to.maps.contains_key(name) && !to.sets.contains_key(name) {
+                continue;
+            }
+            let decl = to
+                .maps
+                .get(name)
+                .map(|m| m.decl.as_str())
+                .or_else(|| to.sets.get(name).map(|s| s.decl.as_str()))
+                .unwrap_or_default();
+            stats.elements_removed += delete.len();
+            stats.elements_added += add.len();
+            p.elements_after
+                .extend(elem_change(name, decl, add.clone(), delete.clone()));
+        }
+    }
     p.elements_after.extend(iface_adds);
     // 5. Clean-up.
     let mut cleanup = String::new();
-    let doomed: Vec<&String> = from
+    let mut doomed: Vec<&String> = from
         .chains
         .keys()
         .filter(|k| !to.chains.contains_key(*k))
         .collect();
+    if let Some(sc) = &services {
+        doomed.extend(&sc.doomed_chains);
+    }
     for name in &doomed {
         let _ = writeln!(cleanup, "flush chain inet {table} {name}");
     }
@@ -427,12 +513,125 @@ pub fn plan(table: &str, from: &Fingerprint, to: &NftState) -> Plan {
         let _ = writeln!(cleanup, "delete map inet {table} {name}");
         stats.sets_deleted += 1;
     }
+    for name in services.iter().flat_map(|sc| &sc.doomed_sets) {
+        let _ = writeln!(cleanup, "delete set inet {table} {name}");
+        stats.sets_deleted += 1;
+    }
     for name in &doomed {
         let _ = writeln!(cleanup, "delete chain inet {table} {name}");
         stats.chains_deleted += 1;
     }
     p.cleanup = cleanup;
     p
+}
+
+/// `declare`, starting it with the table line when it is still empty.
+fn declare_more<'a>(declare: &'a mut String, table: &str) -> &'a mut String {
+    if declare.is_empty() {
+        let _ = writeln!(declare, "add table inet {table}");
+    }
+    declare
+}
+
+/// Element changes per set or map: (additions, removals), each with its data.
+type ElementDelta = (Vec<(String, Option<String>)>, Vec<(String, Option<String>)>);
+
+/// What the service ports whose rendering changed change in the table.
+#[derive(Debug, Default)]
+struct ServiceChanges {
+    /// Chains to write: (name, chain, existed before).
+    chains: Vec<(String, crate::nft::render::ChainSpec, bool)>,
+    doomed_chains: Vec<String>,
+    new_sets: Vec<(String, crate::nft::render::SetSpec)>,
+    doomed_sets: Vec<String>,
+    elements: BTreeMap<String, ElementDelta>,
+}
+
+impl ServiceChanges {
+    fn of(changed: &[crate::nft::render::ServiceChange]) -> ServiceChanges {
+        let mut sc = ServiceChanges::default();
+        let empty = RenderedService::default();
+        // Removals and additions are gathered per set/map, keyed by element, so a key that
+        // one port gives up and another takes in the same change is written once.
+        let mut removed: BTreeMap<&str, BTreeMap<&str, Option<&str>>> = BTreeMap::new();
+        let mut added: BTreeMap<&str, BTreeMap<&str, Option<&str>>> = BTreeMap::new();
+        for (o, n) in changed {
+            let o = o.as_deref().unwrap_or(&empty);
+            let n = n.as_deref().unwrap_or(&empty);
+            for (name, c) in &n.chains {
+                match o.chains.iter().find(|(on, _)| on == name) {
+                    Some((_, oc)) if oc.rules == c.rules => {}
+                    Some(_) => sc.chains.push((name.clone(), c.clone(), true)),
+                    None => sc.chains.push((name.clone(), c.clone(), false)),
+                }
+            }
+            for (name, _) in &o.chains {
+                if !n.chains.iter().any(|(nn, _)| nn == name) {
+                    sc.doomed_chains.push(name.clone());
+                }
+            }
+            for (name, set) in &n.sets {
+                if !o.sets.iter().any(|(on, _)| on == name) {
+                    sc.new_sets.push((name.clone(), set.clone()));
+                }
+            }
+            for (name, _) in &o.sets {
+                if !n.sets.iter().any(|(nn, _)| nn == name) {
+                    sc.doomed_sets.push(name.clone());
+                }
+            }
+            let old_elems: BTreeSet<(&str, &str, Option<&str>)> = o
+                .elements
+                .iter()
+                .map(|(m, k, v)| (m.as_str(), k.as_str(), Some(v.as_str())))
+                .chain(
+                    o.set_elements
+                        .iter()
+                        .map(|(s, e)| (s.as_str(), e.as_str(), None)),
+                )
+                .collect();
+            let new_elems: BTreeSet<(&str, &str, Option<&str>)> = n
+                .elements
+                .iter()
+                .map(|(m, k, v)| (m.as_str(), k.as_str(), Some(v.as_str())))
+                .chain(
+                    n.set_elements
+                        .iter()
+                        .map(|(s, e)| (s.as_str(), e.as_str(), None)),
+                )
+                .collect();
+            for (set, key, value) in old_elems.difference(&new_elems) {
+                removed.entry(set).or_default().insert(key, *value);
+            }
+            for (set, key, value) in new_elems.difference(&old_elems) {
+                added.entry(set).or_default().insert(key, *value);
+            }
+        }
+        let own = |v: Option<&str>| v.map(str::to_string);
+        for (set, keys) in &removed {
+            let entry = sc.elements.entry(set.to_string()).or_default();
+            for (key, value) in keys {
+                // A key re-added with the same data needs no change at all; with other data
+                // (a map), it is deleted and added in the same batch.
+                if added.get(set).and_then(|a| a.get(key)) == Some(value) {
+                    continue;
+                }
+                entry.1.push((key.to_string(), own(*value)));
+            }
+        }
+        for (set, keys) in &added {
+            let entry = sc.elements.entry(set.to_string()).or_default();
+            for (key, value) in keys {
+                if removed.get(set).and_then(|r| r.get(key)) == Some(value) {
+                    continue;
+                }
+                entry.0.push((key.to_string(), own(*value)));
+            }
+        }
+        sc.elements
+            .retain(|_, (a, d)| !a.is_empty() || !d.is_empty());
+        sc
+    }
 }
 
 #[cfg(test)]

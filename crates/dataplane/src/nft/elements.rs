@@ -33,10 +33,40 @@ pub enum ElemType {
     AddrProtoPortVerdict,
     /// `inet_proto . inet_service : verdict` (NodePorts).
     ProtoPortVerdict,
+    /// `address . port . numgen slot : address . port` (a service frontend's backends, one
+    /// per slot; one map per protocol).
+    SlotBackend,
+    /// `port . numgen slot : address . port` (a NodePort's backends).
+    NodePortSlotBackend,
+    /// `address . inet_service` (service frontends by backend count).
+    AddrPort,
+    /// `inet_service` (NodePorts by backend count).
+    Port,
+    /// `address . address . address . inet_proto . inet_service` (service hairpin: client,
+    /// backend, ClusterIP, protocol, service port).
+    Hairpin,
 }
 
 impl ElemType {
     pub fn of_decl(decl: &str) -> Option<ElemType> {
+        if decl.contains(". numgen random mod 1 :") {
+            return Some(if decl.starts_with("typeof ip") {
+                ElemType::SlotBackend
+            } else {
+                ElemType::NodePortSlotBackend
+            });
+        }
+        if decl.contains("ipv4_addr . ipv4_addr . ipv4_addr . inet_proto . inet_service")
+            || decl.contains("ipv6_addr . ipv6_addr . ipv6_addr . inet_proto . inet_service")
+        {
+            return Some(ElemType::Hairpin);
+        }
+        if decl == "type ipv4_addr . inet_service;" || decl == "type ipv6_addr . inet_service;" {
+            return Some(ElemType::AddrPort);
+        }
+        if decl == "type inet_service;" {
+            return Some(ElemType::Port);
+        }
         let interval = decl.contains("flags interval");
         let addr = decl.contains("ipv4_addr") || decl.contains("ipv6_addr");
         if decl.contains(": verdict") && decl.contains("ifname") {
@@ -219,6 +249,53 @@ fn keys(kind: ElemType, text: &str) -> Result<Vec<(Vec<u8>, u32)>, String> {
             };
             Ok(vec![(proto_port_key(proto, port)?, 0)])
         }
+        ElemType::SlotBackend => {
+            let parts: Vec<&str> = text.split(" . ").collect();
+            let [ip, port, slot] = parts.as_slice() else {
+                return Err("expected `address . port . slot`".into());
+            };
+            let ip: IpAddr = ip.parse().map_err(|_| "not an address".to_string())?;
+            let mut key = addr_bytes(ip);
+            key.extend(port_field(port)?);
+            key.extend(slot_key(slot)?);
+            Ok(vec![(key, 0)])
+        }
+        ElemType::NodePortSlotBackend => {
+            let parts: Vec<&str> = text.split(" . ").collect();
+            let [port, slot] = parts.as_slice() else {
+                return Err("expected `port . slot`".into());
+            };
+            let mut key = port_field(port)?.to_vec();
+            key.extend(slot_key(slot)?);
+            Ok(vec![(key, 0)])
+        }
+        ElemType::AddrPort => {
+            let (ip, port) = text
+                .split_once(" . ")
+                .ok_or_else(|| "expected `address . port`".to_string())?;
+            let ip: IpAddr = ip.parse().map_err(|_| "not an address".to_string())?;
+            let mut key = addr_bytes(ip);
+            key.extend(port_field(port)?);
+            Ok(vec![(key, 0)])
+        }
+        ElemType::Port => {
+            let port: u16 = text.parse().map_err(|_| "bad port".to_string())?;
+            // A lone port is not a concatenation: two bytes, no padding.
+            Ok(vec![(port.to_be_bytes().to_vec(), 0)])
+        }
+        ElemType::Hairpin => {
+            let parts: Vec<&str> = text.split(" . ").collect();
+            let [a, b, c, proto, port] = parts.as_slice() else {
+                return Err("expected `address . address . address . protocol . port`".into());
+            };
+            let mut key = Vec::with_capacity(56);
+            for ip in [a, b, c] {
+                let ip: IpAddr = ip.parse().map_err(|_| "not an address".to_string())?;
+                key.extend(addr_bytes(ip));
+            }
+            key.extend(proto_port_key(proto, port)?);
+            Ok(vec![(key, 0)])
+        }
         ElemType::Ifname | ElemType::IfnameVerdict => {
             let name = text.trim_matches('"');
             if name.len() >= IFNAMSIZ {
@@ -229,6 +306,30 @@ fn keys(kind: ElemType, text: &str) -> Result<Vec<(Vec<u8>, u32)>, String> {
             Ok(vec![(key, 0)])
         }
     }
+}
+
+/// A port as a concatenation field: network order, padded to 4 bytes.
+fn port_field(port: &str) -> Result<[u8; 4], String> {
+    let port: u16 = port.parse().map_err(|_| "bad port".to_string())?;
+    let [hi, lo] = port.to_be_bytes();
+    Ok([hi, lo, 0, 0])
+}
+
+/// A `numgen` result as a concatenation field: numgen writes a host-order u32.
+fn slot_key(slot: &str) -> Result<[u8; 4], String> {
+    let slot: u32 = slot.parse().map_err(|_| "bad slot".to_string())?;
+    Ok(slot.to_ne_bytes())
+}
+
+/// Map data `address . port` (a backend).
+fn backend_data(text: &str) -> Result<Vec<u8>, String> {
+    let (ip, port) = text
+        .split_once(" . ")
+        .ok_or_else(|| "expected `address . port`".to_string())?;
+    let ip: IpAddr = ip.parse().map_err(|_| "not an address".to_string())?;
+    let mut data = addr_bytes(ip);
+    data.extend(port_field(port)?);
+    Ok(data)
 }
 
 /// `inet_proto . inet_service` as concatenation fields (each padded to 4 bytes).
@@ -258,6 +359,12 @@ fn verdict(v: &str) -> Result<(i32, String), String> {
         _ => return Err(format!("unsupported verdict {v:?}")),
     };
     Ok((code, chain.to_string()))
+}
+
+/// An element's data: a verdict (verdict maps) or a value (data maps).
+enum Data {
+    Verdict((i32, String)),
+    Value(Vec<u8>),
 }
 
 /// Encodes the element messages for all changes: deletions first, then additions. Each
@@ -296,12 +403,21 @@ pub fn encode_messages(
                                 | ElemType::ProtoPortVerdict,
                                 Some(d),
                             ) => match verdict(d) {
-                                Ok(v) => Some(v),
+                                Ok(v) => Some(Data::Verdict(v)),
                                 Err(reason) => {
                                     err = Some(encode_err(reason));
                                     return;
                                 }
                             },
+                            (ElemType::SlotBackend | ElemType::NodePortSlotBackend, Some(d)) => {
+                                match backend_data(d) {
+                                    Ok(v) => Some(Data::Value(v)),
+                                    Err(reason) => {
+                                        err = Some(encode_err(reason));
+                                        return;
+                                    }
+                                }
+                            }
                             _ => None,
                         };
                         for (key, flags) in ks {
@@ -311,13 +427,21 @@ pub fn encode_messages(
                                     attr(e, NFTA_SET_ELEM_FLAGS, &flags.to_be_bytes());
                                 }
                                 // Deletions identify elements by key; the data is not needed.
-                                if let (Some((code, chain)), false) = (&v, delete) {
-                                    nested(e, NFTA_SET_ELEM_DATA, |d| {
-                                        nested(d, NFTA_DATA_VERDICT, |vd| {
-                                            attr(vd, NFTA_VERDICT_CODE, &code.to_be_bytes());
-                                            attr(vd, NFTA_VERDICT_CHAIN, &cstr(chain));
+                                match (&v, delete) {
+                                    (Some(Data::Verdict((code, chain))), false) => {
+                                        nested(e, NFTA_SET_ELEM_DATA, |d| {
+                                            nested(d, NFTA_DATA_VERDICT, |vd| {
+                                                attr(vd, NFTA_VERDICT_CODE, &code.to_be_bytes());
+                                                attr(vd, NFTA_VERDICT_CHAIN, &cstr(chain));
+                                            });
                                         });
-                                    });
+                                    }
+                                    (Some(Data::Value(bytes)), false) => {
+                                        nested(e, NFTA_SET_ELEM_DATA, |d| {
+                                            attr(d, NFTA_DATA_VALUE, bytes)
+                                        });
+                                    }
+                                    _ => {}
                                 }
                             });
                         }

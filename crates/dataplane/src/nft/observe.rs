@@ -226,7 +226,10 @@ pub fn fingerprint(json: &Value) -> Result<Fingerprint, NftError> {
             {
                 let pair = e.as_array();
                 let key = pair.and_then(|p| p.first()).and_then(element_string);
-                let verdict = pair.and_then(|p| p.get(1)).and_then(verdict_string);
+                // Verdict maps hold verdicts; the services' backend maps hold `address . port`.
+                let verdict = pair
+                    .and_then(|p| p.get(1))
+                    .and_then(|v| verdict_string(v).or_else(|| element_string(v)));
                 if let (Some(k), Some(v)) = (key, verdict) {
                     elems.insert(if quoted { format!("\"{k}\"") } else { k }, v);
                 } else {

@@ -322,16 +322,74 @@ pub struct NftState {
     pub sets: BTreeMap<String, SetSpec>,
     pub maps: BTreeMap<String, MapSpec>,
     pub chains: BTreeMap<String, ChainSpec>,
+    /// The service ports, kept apart from the rest (their chains, sets and elements are not
+    /// in the fields above) so that a change is planned per service port: with 10k services,
+    /// comparing everything on every endpoint change would cost more than the change.
+    /// [`NftState::flattened`] merges them in. (The pick chains they share are in `chains`.)
+    pub services: ServiceSection,
 }
+
+/// Every service port's rendering, and what changed since the renderer's previous state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceSection {
+    /// Every service port (in no particular order).
+    pub all: Vec<Arc<RenderedService>>,
+    /// The renderer's count of states: `changed` leads from state `generation - 1` here.
+    pub generation: u64,
+    /// (before, after) per service port whose rendering changed, appeared or went.
+    pub changed: Vec<ServiceChange>,
+    /// UDP flows the change leaves pointing at the wrong place (deleted after the write).
+    pub stale_udp: Vec<crate::conntrack::StaleUdp>,
+}
+
+/// One service port's rendering before and after a change (None: absent).
+pub type ServiceChange = (Option<Arc<RenderedService>>, Option<Arc<RenderedService>>);
 
 impl NftState {
     pub fn num_rules(&self) -> usize {
-        self.chains.values().map(|c| c.rules.len()).sum()
+        self.chains.values().map(|c| c.rules.len()).sum::<usize>()
+            + self
+                .services
+                .all
+                .iter()
+                .flat_map(|r| &r.chains)
+                .map(|(_, c)| c.rules.len())
+                .sum::<usize>()
+    }
+
+    pub fn num_chains(&self) -> usize {
+        self.chains.len()
+            + self
+                .services
+                .all
+                .iter()
+                .map(|r| r.chains.len())
+                .sum::<usize>()
     }
 
     pub fn num_elements(&self) -> usize {
         self.sets.values().map(|s| s.elements.len()).sum::<usize>()
             + self.maps.values().map(|m| m.elements.len()).sum::<usize>()
+            + self
+                .services
+                .all
+                .iter()
+                .map(|r| r.elements.len() + r.set_elements.len())
+                .sum::<usize>()
+    }
+
+    /// The same table with the service ports merged into sets, maps and chains.
+    pub fn flattened(&self) -> NftState {
+        let mut st = NftState {
+            sets: self.sets.clone(),
+            maps: self.maps.clone(),
+            chains: self.chains.clone(),
+            services: ServiceSection::default(),
+        };
+        for r in &self.services.all {
+            add_service(&mut st, r);
+        }
+        st
     }
 }
 
@@ -447,12 +505,60 @@ type RenderedPolicy = (
 pub struct Renderer {
     policies: HashMap<PolicyId, RenderedPolicy>,
     profiles: HashMap<String, (Arc<ResolvedProfile>, ChainSpec, ChainSpec)>,
-    /// Service ports, rendered once per value (a backend change re-renders one service).
-    services: HashMap<
-        margay_calc::services::ServicePortId,
-        (Arc<margay_calc::services::ServicePort>, RenderedService),
-    >,
+    /// Service ports, rendered once per value (a backend change re-renders one service),
+    /// found by the address of the model's `Arc<ServicePort>`: an unchanged port is one
+    /// cheap lookup, no hashing or comparing of its identity (10k of them per change). The
+    /// entry holds that `Arc`, so the address cannot be reused while it is a key.
+    services: HashMap<usize, CachedService, PtrHash>,
+    /// The cache key of each port's current entry, for the ports that changed.
+    service_keys: HashMap<margay_calc::services::ServicePortId, usize>,
+    /// The highest backend count seen per pick chain since services appeared: the chain
+    /// has a rule (and a set) for every count up to it, so a service's count changing is
+    /// only set elements moving (a rule written into a chain makes the kernel walk the
+    /// whole backend map it uses: 20–50 ms with 10k services).
+    picks: BTreeMap<(u8, margay_calc::PortProtocol, char), usize>,
+    /// Renders so far (see [`ServiceSection::generation`]).
+    generation: u64,
     cfg_key: String,
+}
+
+/// A hasher for pointer-sized keys (a multiplicative hash; the keys are addresses).
+#[derive(Debug, Default, Clone, Copy)]
+struct PtrHash;
+
+impl std::hash::BuildHasher for PtrHash {
+    type Hasher = PtrHasher;
+    fn build_hasher(&self) -> PtrHasher {
+        PtrHasher(0)
+    }
+}
+
+#[derive(Debug, Default)]
+struct PtrHasher(u64);
+
+impl std::hash::Hasher for PtrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+}
+
+#[derive(Debug)]
+struct CachedService {
+    id: margay_calc::services::ServicePortId,
+    port: Arc<margay_calc::services::ServicePort>,
+    rendered: Arc<RenderedService>,
+    /// The generation that last saw the port in the model.
+    seen: u64,
 }
 
 impl Renderer {
@@ -471,8 +577,13 @@ impl Renderer {
             self.policies.clear();
             self.profiles.clear();
             self.services.clear();
+            self.service_keys.clear();
+            self.picks.clear();
             self.cfg_key = cfg_key;
+            // What was rendered before is forgotten: no delta leads to this state.
+            self.generation += 1;
         }
+        self.generation += 1;
         let mut st = NftState::default();
         let families: &[u8] = if cfg.ipv6 { &[4, 6] } else { &[4] };
 
@@ -694,25 +805,89 @@ impl Renderer {
         );
 
         // Services (only while there are any).
-        if !model.services.is_empty() {
-            service_base(&mut st, cfg);
-            for (id, sp) in &model.services {
-                let cached = self
-                    .services
-                    .get(id)
-                    .filter(|(p, _)| Arc::ptr_eq(p, sp) || **p == **sp);
-                match cached {
-                    Some((_, r)) => add_service(&mut st, r),
-                    None => {
-                        let r = render_service(id, sp, cfg);
-                        add_service(&mut st, &r);
-                        self.services.insert(id.clone(), (sp.clone(), r));
-                    }
+        let generation = self.generation;
+        let mut section = ServiceSection {
+            all: Vec::with_capacity(model.services.len()),
+            generation,
+            changed: Vec::new(),
+            stale_udp: Vec::new(),
+        };
+        for (id, sp) in &model.services {
+            let key = Arc::as_ptr(sp) as usize;
+            if let Some(c) = self.services.get_mut(&key) {
+                c.seen = generation;
+                section.all.push(c.rendered.clone());
+                continue;
+            }
+            // New or changed: the port's previous entry, if any, is found by its identity.
+            let old = self
+                .service_keys
+                .insert(id.clone(), key)
+                .and_then(|old_key| self.services.remove(&old_key));
+            let r = match &old {
+                Some(c) if *c.port == **sp => c.rendered.clone(),
+                _ => Arc::new(render_service(id, sp, cfg)),
+            };
+            section.stale_udp.extend(crate::conntrack::stale_udp(
+                id.protocol,
+                old.as_ref().map(|c| &*c.port),
+                Some(sp),
+            ));
+            self.services.insert(
+                key,
+                CachedService {
+                    id: id.clone(),
+                    port: sp.clone(),
+                    rendered: r.clone(),
+                    seen: generation,
+                },
+            );
+            let before = old.map(|c| c.rendered);
+            if before.as_deref() != Some(&*r) {
+                for p in &r.picks {
+                    let high = self
+                        .picks
+                        .entry((p.family, p.proto, p.variant))
+                        .or_default();
+                    *high = (*high).max(p.backends);
+                }
+                section.changed.push((before, Some(r.clone())));
+            }
+            section.all.push(r);
+        }
+        let keys = &mut self.service_keys;
+        self.services.retain(|key, c| {
+            if c.seen != generation {
+                section.changed.push((Some(c.rendered.clone()), None));
+                section.stale_udp.extend(crate::conntrack::stale_udp(
+                    c.id.protocol,
+                    Some(&c.port),
+                    None,
+                ));
+                if keys.get(&c.id) == Some(key) {
+                    keys.remove(&c.id);
                 }
             }
+            c.seen == generation
+        });
+        if model.services.is_empty() {
+            self.picks.clear();
+        } else {
+            service_base(&mut st, cfg);
+            let all = self
+                .picks
+                .iter()
+                .flat_map(|(&(family, proto, variant), &high)| {
+                    (1..=high).map(move |backends| Pick {
+                        family,
+                        proto,
+                        variant,
+                        backends,
+                    })
+                });
+            add_picks(&mut st, all);
         }
-        self.services
-            .retain(|id, _| model.services.contains_key(id));
+        st.services = section;
         (st, summaries)
     }
 }
