@@ -20,7 +20,7 @@
 #define ACT_ALLOW 0
 #define ACT_DENY 1
 #define ACT_PASS 2 // continue at the step's pass_to (the next tier / profile)
-#define ACT_LOG 3  // no output yet: evaluation continues
+#define ACT_LOG 3  // a flow event (with flow logs on), then evaluation continues
 
 #define F_PROTO 0x01
 #define F_NOT_PROTO 0x02
@@ -57,7 +57,7 @@ struct rule {
 	__u8 proto;
 	__u8 not_proto;
 	__u8 icmp_type, icmp_code, not_icmp_type, not_icmp_code;
-	__u32 jump; // unused (Pass targets are per endpoint, in the step)
+	__u32 rule_index; // the rule's index in its policy or profile (for flow events)
 	__u32 pad;
 	struct side src;
 	struct side dst;
@@ -209,6 +209,57 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mgy_counters SEC(".maps");
 
+// Flow logs: one event per new flow judged by policy (never for packets conntrack passes),
+// read by Felix (crates/bpf/src/flows.rs). Mirrored by layout.rs (FLOW_EVENT_SIZE).
+#define EV_RULE 0     // a rule decided (slot, idx, rule_index, action)
+#define EV_TIER_END 1 // a tier's default deny (step: its index in the endpoint's list)
+#define EV_NO_MATCH 2 // the end of the list: no profile matched
+#define EV_FAIL 3     // a missing step, block or rule (a torn write): fail closed
+
+struct flow_event {
+	__u64 ts_ns; // bpf_ktime_get_ns
+	__u32 saddr, daddr;
+	__u16 sport, dport; // network order (ICMP echo: the id)
+	__u8 proto;
+	__u8 hook;
+	__u8 kind;
+	__u8 action; // ACT_*: the verdict (or ACT_LOG for a Log rule, evaluation continued)
+	__u32 ifindex;
+	__u32 slot; // EV_RULE: the rule's {slot, idx} (as mgy_rules, mgy_counters)
+	__u32 idx;
+	__u32 rule_index; // EV_RULE: the rule's index in its policy or profile (rule.rule_index)
+	__u32 step;       // EV_TIER_END: the deny step's index
+	__u16 len;        // the packet's length (saturated)
+	__u8 icmp_type, icmp_code;
+};
+
+// 256 KiB: ~4600 events; a full buffer drops the event (counted in mgy_flow_drops), never
+// the packet.
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_flows SEC(".maps");
+
+// [0]: 1 when Felix reads flow events (FlowLogsLocalReporter / FlowLogsFileEnabled); the
+// loader clears it at start, the reader sets it.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__type(key, __u32);
+	__type(value, __u32);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_flow_cfg SEC(".maps");
+
+// [0]: events dropped because the ring buffer was full (per CPU; userspace sums).
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(max_entries, 1);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_flow_drops SEC(".maps");
+
 struct pkt {
 	__u32 saddr, daddr;
 	__u16 sport, dport; // network order; 0 without ports
@@ -229,7 +280,46 @@ struct eval {
 	__u32 pass_to;
 	int verdict;     // -1: none yet
 	int decided;     // a rule decided: (blk_slot, rule) is it
+	__u32 kind;      // EV_*: what decided
+	__u32 rule_index; // EV_RULE: the deciding rule's index in its policy (rule.rule_index)
+	__u32 at_step;   // EV_TIER_END: the deny step
+	__u32 ifindex;
+	__u32 len;
+	__u8 hook;
+	__u8 flow_logs;  // emit events
 };
+
+static __always_inline void emit(const struct pkt *p, __u32 ifindex, __u8 hook, __u8 kind,
+				 __u8 action, __u32 slot, __u32 idx, __u32 rule_index,
+				 __u32 step, __u32 len)
+{
+	struct flow_event *ev = bpf_ringbuf_reserve(&mgy_flows, sizeof(*ev), 0);
+	if (!ev) {
+		__u32 z = 0;
+		__u64 *d = bpf_map_lookup_elem(&mgy_flow_drops, &z);
+		if (d)
+			*d += 1;
+		return;
+	}
+	ev->ts_ns = bpf_ktime_get_ns();
+	ev->saddr = p->saddr;
+	ev->daddr = p->daddr;
+	ev->sport = p->sport;
+	ev->dport = p->dport;
+	ev->proto = p->proto;
+	ev->hook = hook;
+	ev->kind = kind;
+	ev->action = action;
+	ev->ifindex = ifindex;
+	ev->slot = slot;
+	ev->idx = idx;
+	ev->rule_index = rule_index;
+	ev->step = step;
+	ev->len = len > 0xffff ? 0xffff : len;
+	ev->icmp_type = p->icmp_type;
+	ev->icmp_code = p->icmp_code;
+	bpf_ringbuf_submit(ev, 0);
+}
 
 static __always_inline int in_set(__u32 id, __u32 addr)
 {
@@ -336,12 +426,15 @@ static long eval_step(__u32 i, void *data)
 		if (!s || s->kind != STEP_BLOCK) {
 			// A tier's default deny, or a hole (a bug or a torn write): fail closed.
 			e->verdict = TC_ACT_SHOT;
+			e->kind = s ? EV_TIER_END : EV_FAIL;
+			e->at_step = e->step;
 			return 1;
 		}
 		__u32 id = s->block;
 		struct block *b = bpf_map_lookup_elem(&mgy_blocks, &id);
 		if (!b) {
 			e->verdict = TC_ACT_SHOT;
+			e->kind = EV_FAIL;
 			return 1;
 		}
 		e->blk_slot = b->slot;
@@ -353,22 +446,26 @@ static long eval_step(__u32 i, void *data)
 	}
 	if (e->rule >= MAX_RULES) {
 		e->verdict = TC_ACT_SHOT;
+		e->kind = EV_FAIL;
 		return 1;
 	}
 	struct rule_key k = {.slot = e->blk_slot, .idx = e->rule};
 	struct rule *r = bpf_map_lookup_elem(&mgy_rules, &k);
 	if (!r) {
 		e->verdict = TC_ACT_SHOT;
+		e->kind = EV_FAIL;
 		return 1;
 	}
 	if (!rule_matches(r, e->p)) {
 		e->rule++;
 		return 0;
 	}
+	e->rule_index = r->rule_index;
 	switch (r->action) {
 	case ACT_ALLOW:
 		e->verdict = TC_ACT_OK;
 		e->decided = 1;
+		e->kind = EV_RULE;
 		return 1;
 	case ACT_PASS:
 		// Only forward: evaluation always ends within the loop bound.
@@ -377,11 +474,16 @@ static long eval_step(__u32 i, void *data)
 		e->rule = e->blk_count;
 		return 0;
 	case ACT_LOG:
+		// Calico's Log: the packet is logged and evaluation continues.
+		if (e->flow_logs)
+			emit(e->p, e->ifindex, e->hook, EV_RULE, ACT_LOG, e->blk_slot, e->rule,
+			     r->rule_index, 0, e->len);
 		e->rule++;
 		return 0;
 	default:
 		e->verdict = TC_ACT_SHOT;
 		e->decided = 1;
+		e->kind = EV_RULE;
 		return 1;
 	}
 }
@@ -527,11 +629,19 @@ static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 	// judged by the workload's ingress policy, as with the nftables dataplane (no output
 	// hook); it is recorded so the workload's replies pass its egress hook.
 	if (!(hook == HOOK_TO_WL && skb->ingress_ifindex == 0)) {
+		__u32 z = 0;
+		__u32 *on = bpf_map_lookup_elem(&mgy_flow_cfg, &z);
 		struct eval e = {.p = &p, .ep_slot = ep->slot[hook & 1],
-				 .nsteps = ep->count[hook & 1], .verdict = -1};
+				 .nsteps = ep->count[hook & 1], .verdict = -1,
+				 .kind = EV_NO_MATCH, .ifindex = ifindex, .len = skb->len,
+				 .hook = hook, .flow_logs = on && *on};
 		bpf_loop(MAX_RULES, eval_step, &e, 0);
 		if (e.decided)
 			count_rule(&e, skb->len);
+		if (e.flow_logs)
+			emit(&p, ifindex, hook, e.kind,
+			     e.verdict == TC_ACT_OK ? ACT_ALLOW : ACT_DENY, e.blk_slot, e.rule,
+			     e.rule_index, e.at_step, skb->len);
 		if (e.verdict != TC_ACT_OK)
 			return TC_ACT_SHOT; // denied, or no rule decided: default deny
 	}

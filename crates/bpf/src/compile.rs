@@ -151,8 +151,8 @@ pub enum BlockKey {
 pub enum Step {
     /// Evaluate the block; a Pass rule in it continues at step `pass_to`.
     Block { key: Arc<BlockKey>, pass_to: u32 },
-    /// A tier's default action: deny.
-    Deny,
+    /// A tier's default action: deny (the tier's name, for flow events).
+    Deny(Arc<str>),
 }
 
 /// One endpoint's compiled policy.
@@ -201,7 +201,7 @@ impl Compiled {
                             Step::Block { key, .. } => {
                                 self.blocks.get(key).cloned().unwrap_or_default()
                             }
-                            Step::Deny => Arc::default(),
+                            Step::Deny(_) => Arc::default(),
                         };
                         (s.clone(), rules)
                     })
@@ -729,7 +729,7 @@ impl Compiler {
                 }
             }
             if tier.default_action != RuleAction::Pass {
-                steps.push(Step::Deny);
+                steps.push(Step::Deny(Arc::from(tier.name.as_str())));
             }
             let end = steps.len() as u32;
             for s in &mut steps[start..] {
@@ -823,7 +823,8 @@ impl Compiler {
                 direction,
                 index,
             };
-            if let Some(rule) = self.rule(r, &ctx, refs)? {
+            if let Some(mut rule) = self.rule(r, &ctx, refs)? {
+                rule.rule_index = u32::try_from(index).unwrap_or(u32::MAX);
                 out.push(rule);
             }
         }

@@ -176,8 +176,9 @@ pub struct Rule {
     pub icmp_code: u8,
     pub not_icmp_type: u8,
     pub not_icmp_code: u8,
-    /// [`ACT_PASS`]: the index evaluation continues at.
-    pub jump: u32,
+    /// The rule's index in its policy or profile (IPv6-only rules are left out, so it can
+    /// differ from the position in the block): flow events name the rule with it.
+    pub rule_index: u32,
     pub src: Side,
     pub dst: Side,
 }
@@ -236,7 +237,7 @@ impl Rule {
             self.not_icmp_type,
             self.not_icmp_code,
         ]);
-        out.extend_from_slice(&self.jump.to_ne_bytes());
+        out.extend_from_slice(&self.rule_index.to_ne_bytes());
         out.extend_from_slice(&0u32.to_ne_bytes());
         self.src.encode(&mut out);
         self.dst.encode(&mut out);
@@ -311,7 +312,7 @@ impl Rule {
             icmp_code: b[5],
             not_icmp_type: b[6],
             not_icmp_code: b[7],
-            jump: u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+            rule_index: u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
             src: Side::decode(b, 16),
             dst: Side::decode(b, 16 + SIDE_SIZE),
         }
@@ -474,6 +475,73 @@ impl IpSetEntry {
     }
 }
 
+/// `struct flow_event` (policy.c): one new flow judged by policy.
+pub const FLOW_EVENT_SIZE: usize = 48;
+/// A rule decided (`slot`, `idx`, `rule_index`, `action`).
+pub const EV_RULE: u8 = 0;
+/// A tier's default deny (`step`).
+pub const EV_TIER_END: u8 = 1;
+/// The end of the endpoint's list: no profile matched.
+pub const EV_NO_MATCH: u8 = 2;
+/// A missing step, block or rule (a torn write): denied, fail closed.
+pub const EV_FAIL: u8 = 3;
+
+/// A decoded flow event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowEvent {
+    /// CLOCK_MONOTONIC ns.
+    pub ts_ns: u64,
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    /// Host order (ICMP echo: the id on both sides).
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// [`HOOK_FROM_WL`] (the workload's egress policy) or [`HOOK_TO_WL`] (its ingress).
+    pub hook: u8,
+    pub kind: u8,
+    /// `ACT_ALLOW`, `ACT_DENY` (the verdict) or `ACT_LOG` (a Log rule; evaluation went on).
+    pub action: u8,
+    pub ifindex: u32,
+    pub slot: u32,
+    pub idx: u32,
+    pub rule_index: u32,
+    pub step: u32,
+    /// The packet's length (saturated at 65535).
+    pub len: u16,
+    pub icmp_type: u8,
+    pub icmp_code: u8,
+}
+
+impl FlowEvent {
+    /// None when `b` is not one event (a size the program never writes).
+    pub fn decode(b: &[u8]) -> Option<FlowEvent> {
+        let b: &[u8; FLOW_EVENT_SIZE] = b.get(..FLOW_EVENT_SIZE)?.try_into().ok()?;
+        let u32_at = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut ts = [0u8; 8];
+        ts.copy_from_slice(&b[0..8]);
+        Some(FlowEvent {
+            ts_ns: u64::from_ne_bytes(ts),
+            src: Ipv4Addr::new(b[8], b[9], b[10], b[11]),
+            dst: Ipv4Addr::new(b[12], b[13], b[14], b[15]),
+            sport: u16::from_be_bytes([b[16], b[17]]),
+            dport: u16::from_be_bytes([b[18], b[19]]),
+            proto: b[20],
+            hook: b[21],
+            kind: b[22],
+            action: b[23],
+            ifindex: u32_at(24),
+            slot: u32_at(28),
+            idx: u32_at(32),
+            rule_index: u32_at(36),
+            step: u32_at(40),
+            len: u16::from_ne_bytes([b[44], b[45]]),
+            icmp_type: b[46],
+            icmp_code: b[47],
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,7 +553,7 @@ mod tests {
         assert_eq!(RULE_SIZE, 288);
         let r = Rule {
             action: ACT_PASS,
-            jump: 7,
+            rule_index: 7,
             src: Side {
                 sets: vec![1, 2],
                 ports: vec![(80, 81)],
@@ -503,6 +571,41 @@ mod tests {
         // src.n_sets and src.n_ports after the 16 ranges: 16 + 128.
         assert_eq!(b[144], 2);
         assert_eq!(b[148], 1);
+    }
+
+    #[test]
+    fn flow_events_decode_as_the_program_writes_them() {
+        let mut b = [0u8; FLOW_EVENT_SIZE];
+        b[0..8].copy_from_slice(&42u64.to_ne_bytes());
+        b[8..12].copy_from_slice(&[10, 0, 0, 1]);
+        b[12..16].copy_from_slice(&[10, 0, 0, 2]);
+        b[16..18].copy_from_slice(&40000u16.to_be_bytes());
+        b[18..20].copy_from_slice(&80u16.to_be_bytes());
+        b[20] = 6;
+        b[21] = HOOK_TO_WL as u8;
+        b[22] = EV_RULE;
+        b[23] = ACT_DENY;
+        for (at, v) in [(24, 7u32), (28, 9), (32, 3), (36, 5), (40, 0)] {
+            b[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+        }
+        b[44..46].copy_from_slice(&60u16.to_ne_bytes());
+        b[46] = 8;
+        let e = FlowEvent::decode(&b).expect("a whole event");
+        assert_eq!(e.ts_ns, 42);
+        assert_eq!(e.src, Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!(e.dst, Ipv4Addr::new(10, 0, 0, 2));
+        assert_eq!((e.sport, e.dport, e.proto), (40000, 80, 6));
+        assert_eq!((e.hook, e.kind, e.action), (1, EV_RULE, ACT_DENY));
+        assert_eq!(
+            (e.ifindex, e.slot, e.idx, e.rule_index, e.len),
+            (7, 9, 3, 5, 60)
+        );
+        assert_eq!((e.icmp_type, e.icmp_code), (8, 0));
+        // Short input is refused, longer input (the ring's 8-byte rounding) is fine.
+        assert_eq!(FlowEvent::decode(&b[..47]), None);
+        let mut long = b.to_vec();
+        long.extend_from_slice(&[0; 8]);
+        assert_eq!(FlowEvent::decode(&long), Some(e));
     }
 
     #[test]
@@ -594,7 +697,7 @@ mod tests {
             icmp_code: 3,
             not_icmp_type: 5,
             not_icmp_code: 9,
-            jump: 4095,
+            rule_index: 4095,
             src: full.clone(),
             dst: Side {
                 ports: vec![(443, 443)],

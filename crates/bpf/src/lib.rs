@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod compile;
+pub mod flows;
 pub mod inspect;
 pub mod layout;
 pub mod loader;

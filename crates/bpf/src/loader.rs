@@ -245,6 +245,12 @@ impl BpfMaps {
         let counters: PerCpuHashMap<MapData, [u8; RULE_KEY_SIZE], [u8; COUNTER_SIZE]> =
             PerCpuHashMap::try_from(take(&mut ebpf, "mgy_counters")?)
                 .map_err(bad("mgy_counters"))?;
+        // Flow events stay off until a reader (Felix's flow logs) turns them on: a previous
+        // run's reader is gone.
+        let mut flow_cfg: aya::maps::Array<MapData, u32> =
+            aya::maps::Array::try_from(take(&mut ebpf, "mgy_flow_cfg")?)
+                .map_err(bad("mgy_flow_cfg"))?;
+        flow_cfg.set(0, 0, 0).map_err(bad("mgy_flow_cfg"))?;
         // What the previous run wrote; the maps' sizes bound it.
         let mut restored = Restored::default();
         for (k, v) in eps.iter().filter_map(Result::ok) {

@@ -150,7 +150,7 @@ pub fn allows(
                 return false;
             };
             match s {
-                Step::Deny => return false,
+                Step::Deny(_) => return false,
                 Step::Block { pass_to: to, .. } => {
                     block = rules;
                     rule = 0;

@@ -202,6 +202,27 @@ impl Syncer {
             .map(|(i, w)| (i, w.id.as_ref(), w.ifindex, w.count))
     }
 
+    /// What the written slots and deny steps mean, for flow events (see [`crate::flows`]).
+    /// Costs one pass over the blocks and the endpoints' steps.
+    pub fn flow_names(&self) -> crate::flows::FlowNames {
+        let mut n = crate::flows::FlowNames::default();
+        for (key, b) in &self.blocks {
+            n.slots.insert(b.slot, key.clone());
+        }
+        for w in self.written.values() {
+            for (hook, steps) in w.steps.iter().enumerate() {
+                let Some(steps) = steps else { continue };
+                for (i, s) in steps.iter().enumerate() {
+                    if let Step::Deny(tier) = s {
+                        n.deny_steps
+                            .insert((w.ifindex, hook as u8, i as u32), tier.clone());
+                    }
+                }
+            }
+        }
+        n
+    }
+
     /// Blocks stored: (count, rules).
     pub fn num_blocks(&self) -> (usize, usize) {
         (
@@ -395,7 +416,7 @@ impl Syncer {
         steps
             .iter()
             .map(|s| match s {
-                Step::Deny => Ok(StepEnc {
+                Step::Deny(_) => Ok(StepEnc {
                     kind: STEP_DENY,
                     block: 0,
                     pass_to: 0,

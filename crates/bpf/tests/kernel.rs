@@ -531,3 +531,114 @@ fn conntrack_tracks_tcp_state_and_gc_deletes_closed_flows_only() {
     });
     in_ns(&t.node, || k.remove_all());
 }
+
+/// Flow events (flow logs): one per new flow judged by policy, naming the rule (slot, index,
+/// the rule's index in its policy), the tier's end or the end of the list; none for packets
+/// conntrack passes; none while no reader has turned them on.
+#[test]
+fn new_flows_emit_one_event_naming_what_decided_and_established_packets_none() {
+    use margay_bpf::flows::FlowReader;
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let fs = PrivateBpffs::new();
+    let t = topo("bpfev");
+    let pins = fs.path().join("nodef");
+    in_ns(&t.node, || {
+        let mut k = BpfMaps::load(&pins).unwrap();
+        // b's ingress (hook TO_WL): block 11 = [deny tcp/81 (policy rule 3), allow tcp/80
+        // (policy rule 5)], then a tier's default deny (step 1); egress allows everything.
+        let ib = k.ifindex("calib0").unwrap();
+        k.attach("calib0", ib).unwrap();
+        let mut deny81 = allow_tcp_port(81).remove(0);
+        deny81.action = ACT_DENY;
+        deny81.rule_index = 3;
+        let mut allow80 = allow_tcp_port(80).remove(0);
+        allow80.rule_index = 5;
+        for (i, r) in [deny81, allow80].iter().enumerate() {
+            k.put_rule(11, i as u32, r).unwrap();
+        }
+        k.put_block(11, &Block { slot: 11, count: 2 }).unwrap();
+        k.put_rule(10, 0, &allow_all()[0]).unwrap();
+        k.put_block(10, &Block { slot: 10, count: 1 }).unwrap();
+        let block = |b| StepEnc {
+            kind: STEP_BLOCK,
+            block: b,
+            pass_to: 1,
+        };
+        k.put_step(12, 0, &block(10)).unwrap();
+        k.put_step(13, 0, &block(11)).unwrap();
+        let deny = StepEnc {
+            kind: STEP_DENY,
+            block: 0,
+            pass_to: 0,
+        };
+        k.put_step(13, 1, &deny).unwrap();
+        k.put_endpoint(
+            ib,
+            &Endpoint {
+                slot: [12, 13],
+                count: [1, 2],
+                flags: 0,
+            },
+        )
+        .unwrap();
+
+        // Off (nobody reads): nothing is queued.
+        assert!(tcp(&t, 0, 1, 80));
+        let mut look = FlowReader::open_with(&pins, false).unwrap();
+        let mut seen = Vec::new();
+        look.poll(Duration::from_millis(50), 100, |e| seen.push(e));
+        assert!(seen.is_empty(), "events while off: {seen:?}");
+        drop(look);
+
+        let mut r = FlowReader::open(&pins).unwrap();
+        assert!(tcp(&t, 0, 1, 80), "allowed by rule 5");
+        assert!(!tcp(&t, 0, 1, 81), "denied by rule 3");
+        assert!(!tcp(&t, 0, 1, 82), "denied by the tier's end");
+        let mut ev = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline && !ev.iter().any(|e: &FlowEvent| e.dport == 82) {
+            r.poll(Duration::from_millis(100), 1000, |e| ev.push(e));
+        }
+        // Late retransmissions of the denied SYNs, if any.
+        r.poll(Duration::from_millis(100), 1000, |e| ev.push(e));
+        let a = ip(PODS[0].0);
+        let b = ip(PODS[1].0);
+        assert!(ev.iter().all(|e| e.src == a && e.dst == b), "{ev:?}");
+        let to = |port: u16| ev.iter().filter(|e| e.dport == port).collect::<Vec<_>>();
+        let allowed = to(80);
+        assert_eq!(
+            allowed.len(),
+            1,
+            "one event for the allowed connection (its SYN), none for its established packets or replies: {ev:?}"
+        );
+        let e = allowed[0];
+        assert_eq!((e.kind, e.action), (EV_RULE, ACT_ALLOW));
+        assert_eq!((e.slot, e.idx, e.rule_index), (11, 1, 5));
+        assert_eq!((e.hook, e.ifindex, e.proto), (HOOK_TO_WL as u8, ib, 6));
+        assert!(e.len >= 40 && e.sport > 0, "{e:?}");
+        let denied = to(81);
+        assert!(!denied.is_empty(), "{ev:?}");
+        for e in &denied {
+            assert_eq!((e.kind, e.action), (EV_RULE, ACT_DENY));
+            assert_eq!((e.slot, e.idx, e.rule_index), (11, 0, 3));
+        }
+        let end = to(82);
+        assert!(!end.is_empty(), "{ev:?}");
+        for e in &end {
+            assert_eq!((e.kind, e.action, e.step), (EV_TIER_END, ACT_DENY, 1));
+        }
+        assert_eq!(ev.len(), 1 + denied.len() + end.len(), "{ev:?}");
+        assert_eq!(r.drops(), 0);
+        assert_eq!(r.malformed, 0);
+        // The reader gone, events are off again.
+        drop(r);
+        assert!(tcp(&t, 0, 1, 80));
+        let mut look = FlowReader::open_with(&pins, false).unwrap();
+        let mut after = Vec::new();
+        look.poll(Duration::from_millis(50), 100, |e| after.push(e));
+        assert!(after.is_empty(), "events after the reader left: {after:?}");
+    });
+}

@@ -1,12 +1,16 @@
 //! Datapath cost of margay's policy (needs root; everything in throw-away namespaces).
 //!
 //! `cargo run --release -p margay-dataplane --example datapath_bench -- [--policies 1000]
-//!  [--members 10000] [--secs 5]`
+//!  [--members 10000] [--secs 5] [--bpf]`
 //!
 //! Two pods behind a node namespace, wired as the CNI plugin wires them. Measures pod-to-pod
 //! TCP throughput (iperf3) and TCP connection rate, first with no margay table, then with
 //! `--policies` policies applying to the two pods (their allow rule last) and `--members`
 //! IP-set members programmed.
+//!
+//! `--bpf`: the same policy in the eBPF dataplane's programs and maps (crates/bpf) instead of
+//! nftables, measured with flow events off, then on with a reader draining the ring buffer and
+//! naming each event's rule (as Felix's flow logs do).
 //!
 //! Internal: `--connect-loop ADDR SECS` (run inside the client pod) opens and closes TCP
 //! connections for SECS seconds and prints how many succeeded.
@@ -122,6 +126,13 @@ fn main() {
         let ns = node.add_pod(&format!("dp-{name}"), ip, iface).unwrap();
         pods.push(ns);
     }
+    // Each connection leaves the client a socket in TIME_WAIT for 60 s: without these the
+    // ports run out within seconds and the next run measures port exhaustion, not the
+    // datapath (both settings are the client namespace's own).
+    pods[0]
+        .sysctl("net.ipv4.ip_local_port_range", "1024 65535")
+        .unwrap();
+    pods[0].sysctl("net.ipv4.tcp_tw_reuse", "1").unwrap();
     let mut servers = Kill(Vec::new());
     servers.0.push(
         pods[1]
@@ -244,6 +255,10 @@ fn main() {
     graph.on_in_sync();
     let mut model = DataplaneModel::default();
     model.apply_all(&graph.flush()).unwrap();
+    if args.iter().any(|a| a == "--bpf") {
+        bpf_bench(&node, &model, &measure, (base_tput, base_rate));
+        return;
+    }
     let (mut driver, stats) = NftDriver::new(NftDriverConfig {
         nft: NftConfig::default(),
         runner: NftRunner {
@@ -320,4 +335,107 @@ fn main() {
         100.0 * ftput / tput.max(f64::MIN_POSITIVE),
         100.0 * frate / rate.max(f64::MIN_POSITIVE)
     );
+}
+
+/// Runs `f` on a thread that joined `ns` (the programs attach in the caller's namespace).
+fn in_ns<R: Send>(ns: &Netns, f: impl FnOnce() -> R + Send) -> R {
+    let path = format!("/run/netns/{}", ns.name());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = std::fs::File::open(&path).unwrap();
+            nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// A bpffs of the benchmark's own on a temporary directory, unmounted on drop.
+struct Bpffs(tempfile::TempDir);
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+type Measure<'a> = &'a dyn Fn(&str) -> (f64, f64);
+
+fn bpf_bench(node: &Netns, model: &DataplaneModel, measure: Measure<'_>, base: (f64, f64)) {
+    use margay_bpf::flows::FlowReader;
+    use margay_dataplane::bpf_driver::BpfFlowSource;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let fs = Bpffs(tempfile::tempdir().unwrap());
+    margay_bpf::loader::ensure_bpffs(fs.0.path()).unwrap();
+    let pins = fs.0.path().join("bench");
+    let mut syncer = margay_bpf::sync::Syncer::new(Default::default());
+    let (maps, names) = in_ns(node, || {
+        let mut maps = margay_bpf::loader::BpfMaps::load(&pins).unwrap();
+        let r = syncer.sync(model, &mut maps).unwrap();
+        let (blocks, rules) = syncer.num_blocks();
+        println!(
+            "eBPF: {blocks} blocks, {rules} rules, {} steps written, {} set entries",
+            r.steps_written,
+            syncer.num_set_entries()
+        );
+        (maps, syncer.flow_names())
+    });
+    // Flow events off and on in alternating rounds (the machine's load drifts): a reader
+    // drains the ring buffer throughout and names each event's rule, as Felix's flow logs do.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (read, named) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut reader = FlowReader::open_with(&pins, false).unwrap();
+    let mut switch = FlowReader::open_with(&pins, false).unwrap();
+    let names = Arc::new(names);
+    let t = {
+        let (stop, read, named) = (stop.clone(), read.clone(), named.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                reader.poll(Duration::from_millis(100), 10_000, |e| {
+                    read.fetch_add(1, Ordering::Relaxed);
+                    if BpfFlowSource::resolve(&names, &e).is_some() {
+                        named.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+            reader.drops()
+        })
+    };
+    let rounds = arg("--rounds", 3);
+    let (mut off, mut on) = ((0.0, 0.0), (0.0, 0.0));
+    for i in 0..rounds {
+        switch.set_enabled(false).unwrap();
+        let (t, r) = measure(&format!("eBPF policy, flow events off (round {})", i + 1));
+        off = (off.0 + t, off.1 + r);
+        switch.set_enabled(true).unwrap();
+        let (t, r) = measure(&format!("eBPF policy, flow events on (round {})", i + 1));
+        on = (on.0 + t, on.1 + r);
+    }
+    switch.set_enabled(false).unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let drops = t.join().unwrap();
+    let n = rounds.max(1) as f64;
+    let (tput, rate) = (off.0 / n, off.1 / n);
+    let (ftput, frate) = (on.0 / n, on.1 / n);
+    println!(
+        "eBPF policy: throughput {:.0}%, connection rate {:.0}% of no-rules",
+        100.0 * tput / base.0.max(f64::MIN_POSITIVE),
+        100.0 * rate / base.1.max(f64::MIN_POSITIVE)
+    );
+    println!(
+        "eBPF flow events: {} read ({} named a rule), {drops} dropped (ring buffer full); throughput {:.0}%, connection rate {:.0}% of the same policy without flow events",
+        read.load(Ordering::Relaxed),
+        named.load(Ordering::Relaxed),
+        100.0 * ftput / tput.max(f64::MIN_POSITIVE),
+        100.0 * frate / rate.max(f64::MIN_POSITIVE)
+    );
+    // Detach: removing the pins removes the links.
+    drop(maps);
+    let _ = margay_bpf::inspect::remove_pins(&pins);
 }

@@ -15,21 +15,29 @@
 //!
 //! DefaultEndpointToHostAction and natOutgoing stay in a small nftables table
 //! ([`crate::bpf_host_nft`]). Housekeeping runs the conntrack garbage collector every
-//! [`CT_GC_INTERVAL`]. Not in this milestone (see crates/bpf/DESIGN.md): host endpoints,
-//! IPv6, per-rule counters.
+//! [`CT_GC_INTERVAL`]. Flow logs read the program's events themselves
+//! ([`BpfStatusHandle::flow_source`]); the driver only publishes what slots and steps mean.
+//! Not in this milestone (see crates/bpf/DESIGN.md): host endpoints, IPv6.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use margay_bpf::compile::CompileConfig;
+use margay_bpf::compile::{BlockKey, CompileConfig};
+use margay_bpf::flows::{Decided, FlowNames};
+use margay_bpf::layout::{ACT_ALLOW, ACT_DENY, ACT_LOG, FlowEvent, HOOK_TO_WL};
 use margay_bpf::loader::{BpfMaps, CtGc, LinkRestore, LoadError, ensure_bpffs};
 use margay_bpf::sync::{AdoptReport, SyncReport, Syncer};
 use margay_calc::Message;
+use margay_calc::RuleAction;
+use margay_flows::RuleRef;
 
 use crate::bpf_host_nft::{HostNft, HostNftConfig};
 use crate::linux::interfaces::{InterfaceConfig, WorkloadInterfaces};
 use crate::linux::routing::{Routing, RoutingConfig};
 use crate::linux::sysctl::{ProcSys, Sysctl};
+use crate::nft::render::{LogOwner, flow_rule_ref, log_prefix};
 use crate::{DataplaneDriver, DataplaneError, EndpointStatus, Recording, StatusUpdate};
 
 /// How often housekeeping sweeps conntrack (Calico's BPF scanner: every 10 s).
@@ -57,13 +65,147 @@ pub struct BpfStatus {
     pub programs_replaced: usize,
 }
 
-/// Shared view of the driver's [`BpfStatus`].
+/// Shared view of the driver's [`BpfStatus`] (and what flow logs need of the driver).
 #[derive(Debug, Clone, Default)]
-pub struct BpfStatusHandle(std::sync::Arc<std::sync::Mutex<BpfStatus>>);
+pub struct BpfStatusHandle {
+    status: Arc<Mutex<BpfStatus>>,
+    flows: BpfFlowSource,
+}
 
 impl BpfStatusHandle {
     pub fn get(&self) -> BpfStatus {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.status).clone()
+    }
+
+    /// Where flow logs read the program's events and how they name them.
+    pub fn flow_source(&self) -> BpfFlowSource {
+        self.flows.clone()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Flow logs' view of the eBPF driver: the pin directory (the ring buffer is
+/// `<pin_dir>/mgy_flows`, read with [`margay_bpf::flows::FlowReader`]) and the names of the
+/// slots and steps the syncer wrote, published after every write while someone
+/// [wants](BpfFlowSource::want) them (nothing is built while flow logs are off).
+#[derive(Debug, Clone, Default)]
+pub struct BpfFlowSource {
+    pub pin_dir: PathBuf,
+    wanted: Arc<AtomicBool>,
+    names: Arc<Mutex<Arc<FlowNames>>>,
+}
+
+impl BpfFlowSource {
+    /// Asks the driver to publish names from its next write or housekeeping on.
+    pub fn want(&self) {
+        self.wanted.store(true, Ordering::Relaxed);
+    }
+
+    pub fn names(&self) -> Arc<FlowNames> {
+        lock(&self.names).clone()
+    }
+
+    /// A Log rule's event (`ACT_LOG`: Calico logs the packet and evaluation goes on) as the
+    /// line the nftables dataplane's `log prefix "calico-packet"` writes, naming the policy
+    /// and rule; None for any other event or a rule the names do not know.
+    pub fn log_line(names: &FlowNames, e: &FlowEvent) -> Option<String> {
+        if e.action != ACT_LOG {
+            return None;
+        }
+        let Decided::Rule {
+            block, rule_index, ..
+        } = names.resolve(e)
+        else {
+            return None;
+        };
+        let owner = match &*block {
+            BlockKey::Policy(id, _) => LogOwner::policy(id),
+            BlockKey::Profile(name, _) => LogOwner::profile(name),
+            BlockKey::Guard(_) => return None,
+        };
+        let who = if owner.namespace.is_empty() {
+            format!("{}/{}", owner.kind, owner.name)
+        } else {
+            format!("{}/{}/{}", owner.kind, owner.namespace, owner.name)
+        };
+        let dir = if usize::from(e.hook) == HOOK_TO_WL {
+            "ingress"
+        } else {
+            "egress"
+        };
+        Some(format!(
+            "{}: IFINDEX={} SRC={} DST={} PROTO={} SPT={} DPT={} LEN={} ({who} {dir} rule {rule_index})",
+            log_prefix("", &owner),
+            e.ifindex,
+            e.src,
+            e.dst,
+            e.proto,
+            e.sport,
+            e.dport,
+            e.len
+        ))
+    }
+
+    /// What decided the event's flow, as flow records name it (the rule and its tier), or
+    /// None for what no policy decided (an endpoint's guards, a torn write, a Log rule, a
+    /// slot the names do not know yet).
+    pub fn resolve(names: &FlowNames, e: &FlowEvent) -> Option<(RuleRef, String)> {
+        use margay_flows::{Action, Direction, Origin};
+        let direction = if usize::from(e.hook) == HOOK_TO_WL {
+            Direction::Ingress
+        } else {
+            Direction::Egress
+        };
+        match names.resolve(e) {
+            Decided::Rule {
+                block,
+                rule_index,
+                action,
+            } => {
+                let action = match action {
+                    ACT_ALLOW => RuleAction::Allow,
+                    ACT_DENY => RuleAction::Deny,
+                    _ => return None,
+                };
+                let ingress = direction == Direction::Ingress;
+                let index = usize::try_from(rule_index).ok()?;
+                match &*block {
+                    BlockKey::Policy(id, _) => {
+                        flow_rule_ref(&LogOwner::policy(id), ingress, index, action)
+                            .map(|r| (r, id.tier.clone()))
+                    }
+                    BlockKey::Profile(name, _) => {
+                        flow_rule_ref(&LogOwner::profile(name), ingress, index, action)
+                            .map(|r| (r, "__PROFILE__".to_string()))
+                    }
+                    BlockKey::Guard(_) => None,
+                }
+            }
+            Decided::TierEnd { tier } => Some((
+                RuleRef {
+                    action: Action::Deny,
+                    direction,
+                    origin: Origin::EndOfTier {
+                        tier: tier.to_string(),
+                    },
+                    rule_index: None,
+                },
+                tier.to_string(),
+            )),
+            Decided::NoMatch => Some((
+                RuleRef {
+                    action: Action::Deny,
+                    direction,
+                    origin: Origin::NoProfile,
+                    rule_index: None,
+                },
+                "__PROFILE__".to_string(),
+            )),
+            Decided::Unknown => None,
+        }
     }
 }
 
@@ -108,6 +250,9 @@ pub struct BpfDriver {
     last_ct_gc: Instant,
     ct: CtGc,
     status_handle: BpfStatusHandle,
+    /// Successful writes so far, and the one whose flow names were last published.
+    writes: u64,
+    names_published: Option<u64>,
 }
 
 impl BpfDriver {
@@ -158,7 +303,15 @@ impl BpfDriver {
                 restore: (adopted, links),
                 last_ct_gc: Instant::now(),
                 ct: CtGc::default(),
-                status_handle: BpfStatusHandle::default(),
+                status_handle: BpfStatusHandle {
+                    status: Arc::default(),
+                    flows: BpfFlowSource {
+                        pin_dir: cfg.pin_dir.clone(),
+                        ..BpfFlowSource::default()
+                    },
+                },
+                writes: 0,
+                names_published: None,
             },
             state,
         ))
@@ -193,13 +346,17 @@ impl BpfDriver {
         self.status_handle.clone()
     }
 
-    fn publish_status(&self) {
+    fn publish_status(&mut self) {
         let st = self.status();
-        *self
-            .status_handle
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = st;
+        *lock(&self.status_handle.status) = st;
+        let flows = &self.status_handle.flows;
+        if flows.wanted.load(Ordering::Relaxed) && self.names_published != Some(self.writes) {
+            let mut names = self.syncer.flow_names();
+            let mut cur = lock(&flows.names);
+            names.keep_retired(&cur);
+            *cur = Arc::new(names);
+            self.names_published = Some(self.writes);
+        }
     }
 
     /// Runs one conntrack sweep now (housekeeping does every [`CT_GC_INTERVAL`]).
@@ -265,6 +422,7 @@ impl BpfDriver {
             tracing::debug!(interfaces = ?report.missing_interfaces, "eBPF: workload interfaces do not exist yet");
         }
         self.last_report = report;
+        self.writes += 1;
         let mut out = Vec::new();
         if self.in_sync_pending {
             self.in_sync_pending = false;
@@ -431,5 +589,85 @@ impl DataplaneDriver for BpfDriver {
         self.write_routes(refresh);
         self.publish_status();
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use margay_bpf::layout::{ACT_PASS, EV_NO_MATCH, EV_RULE, EV_TIER_END, HOOK_FROM_WL};
+    use margay_calc::PolicyId;
+
+    fn event(kind: u8, hook: usize, action: u8) -> FlowEvent {
+        FlowEvent {
+            ts_ns: 0,
+            src: std::net::Ipv4Addr::new(10, 0, 0, 1),
+            dst: std::net::Ipv4Addr::new(10, 0, 0, 2),
+            sport: 40000,
+            dport: 80,
+            proto: 6,
+            hook: hook as u8,
+            kind,
+            action,
+            ifindex: 4,
+            slot: 7,
+            idx: 1,
+            rule_index: 2,
+            step: 3,
+            len: 60,
+            icmp_type: 0,
+            icmp_code: 0,
+        }
+    }
+
+    /// Events name rules exactly as the nftables prefixes do: policy kind, namespace, name,
+    /// rule index (the policy's, not the block's), direction, tier ends and no profile.
+    #[test]
+    fn events_resolve_to_the_nft_prefixes_rules() {
+        let np = PolicyId {
+            tier: "security".into(),
+            namespace: "prod".into(),
+            name: "db".into(),
+        };
+        let mut names = FlowNames::default();
+        names
+            .slots
+            .insert(7, Arc::new(BlockKey::Policy(np, HOOK_TO_WL)));
+        names
+            .deny_steps
+            .insert((4, HOOK_FROM_WL as u8, 3), Arc::from("security"));
+        let resolve = |e: FlowEvent| BpfFlowSource::resolve(&names, &e);
+        let (r, tier) = resolve(event(EV_RULE, HOOK_TO_WL, ACT_ALLOW)).expect("a policy rule");
+        assert_eq!(r.full_prefix(), "API2|np/prod/db");
+        assert_eq!(tier, "security");
+        let (r, _) = resolve(event(EV_RULE, HOOK_TO_WL, ACT_DENY)).expect("a policy rule");
+        assert_eq!(r.full_prefix(), "DPI2|np/prod/db");
+        let (r, tier) =
+            resolve(event(EV_TIER_END, HOOK_FROM_WL, ACT_DENY)).expect("the tier's end");
+        assert_eq!(
+            (r.full_prefix().as_str(), tier.as_str()),
+            ("DPE|security", "security")
+        );
+        let (r, _) = resolve(event(EV_NO_MATCH, HOOK_TO_WL, ACT_DENY)).expect("no profile");
+        assert_eq!(r.full_prefix(), "DRI");
+        // Pass and Log decide nothing; an unknown slot names nothing.
+        assert_eq!(resolve(event(EV_RULE, HOOK_TO_WL, ACT_PASS)), None);
+        assert_eq!(resolve(event(EV_RULE, HOOK_TO_WL, ACT_LOG)), None);
+        let mut other = event(EV_RULE, HOOK_TO_WL, ACT_ALLOW);
+        other.slot = 8;
+        assert_eq!(resolve(other), None);
+        // A Log rule's event is a calico-packet line naming the rule.
+        let line = BpfFlowSource::log_line(&names, &event(EV_RULE, HOOK_TO_WL, ACT_LOG))
+            .expect("a log line");
+        assert!(line.starts_with("calico-packet: "), "{line}");
+        assert!(line.contains("np/prod/db ingress rule 2"), "{line}");
+        assert!(
+            line.contains("SRC=10.0.0.1 DST=10.0.0.2 PROTO=6 SPT=40000 DPT=80"),
+            "{line}"
+        );
+        assert_eq!(
+            BpfFlowSource::log_line(&names, &event(EV_RULE, HOOK_TO_WL, ACT_ALLOW)),
+            None
+        );
     }
 }

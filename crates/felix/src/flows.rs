@@ -1,11 +1,14 @@
-//! Flow logs (FlowLogsLocalReporter=Enabled): the packets the nftables rules hand to NFLOG
-//! groups 1 (ingress) and 2 (egress), turned into flow records naming the rule that decided,
-//! kept in a bounded ring that `margay flows` reads over the status socket.
+//! Flow logs (FlowLogsLocalReporter=Enabled): what decided each new connection, from one of
+//! two sources — the packets the nftables rules hand to NFLOG groups 1 (ingress) and 2
+//! (egress) ([`FlowLogs::start`]), or the eBPF program's flow events from its ring buffer
+//! ([`FlowLogs::start_bpf`]) — turned into flow records naming the rule that decided, kept
+//! in a bounded ring that `margay flows` reads over the status socket.
 //!
-//! Threads: one reader per group (bounded reads of 200 ms so they stop promptly) and a
-//! flusher that closes the aggregation interval every second (a flow is visible ≤ 1 s after
-//! its first packet). Everything is bounded: per interval at most [`MAX_FLOWS`] flows (what
-//! is shed is counted), the ring [`Ring::DEFAULT_CAPACITY`] flows, a query [`MAX_ANSWER`].
+//! Threads: one reader per NFLOG group, or one ring-buffer reader (bounded reads of 200 ms
+//! so they stop promptly), and a flusher that closes the aggregation interval every second
+//! (a flow is visible ≤ 1 s after its first packet). Everything is bounded: per interval at
+//! most [`MAX_FLOWS`] flows (what is shed is counted), the ring [`Ring::DEFAULT_CAPACITY`]
+//! flows, a query [`MAX_ANSWER`]; the ring buffer's overflow is counted by the program.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -13,7 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use margay_bpf::flows::FlowReader;
+use margay_bpf::layout::FlowEvent;
 use margay_dataplane::Recording;
+use margay_dataplane::bpf_driver::BpfFlowSource;
 use margay_dataplane::nft::render::{
     FLOW_LOG_GROUP_EGRESS, FLOW_LOG_GROUP_INGRESS, FLOW_LOG_SNAPLEN,
 };
@@ -23,6 +29,8 @@ use serde::{Deserialize, Serialize};
 
 /// New flows kept per one-second interval (a flood beyond is shed and counted).
 pub const MAX_FLOWS: usize = 10_000;
+/// Log rules' packet lines (eBPF dataplane) written a second, at most.
+const LOG_LINES: u32 = 10;
 /// Most flows one answer carries.
 pub const MAX_ANSWER: usize = 4095;
 /// How often the rule table and the address map are rebuilt from the dataplane model, at
@@ -71,6 +79,8 @@ pub struct FlowLogs {
     stop: AtomicBool,
     unknown_prefixes: AtomicU64,
     overruns: AtomicU64,
+    /// eBPF: events the program could not queue (ring buffer full).
+    ring_drops: AtomicU64,
 }
 
 /// A `flows` request: `flows?last=20&after=5&denied=1&namespace=shop&pod=web&policy=x`.
@@ -129,6 +139,8 @@ pub struct FlowCounters {
     pub shed: u64,
     pub overruns: u64,
     pub unknown_prefixes: u64,
+    /// eBPF: flow events dropped because the ring buffer was full.
+    pub ring_drops: u64,
     pub per_rule: Vec<(margay_flows::RuleRef, u64)>,
     pub denied_by_namespace: std::collections::BTreeMap<String, u64>,
 }
@@ -144,8 +156,11 @@ pub struct Answer {
     pub packets_shed: u64,
     /// Datagrams the kernel could not queue for Felix (NFLOG buffer overruns).
     pub overruns: u64,
-    /// Packets whose prefix named no rule Felix rendered.
+    /// Packets whose prefix named no rule Felix rendered (eBPF: events naming no rule).
     pub unknown_prefixes: u64,
+    /// eBPF: flow events the program dropped because the ring buffer was full.
+    #[serde(default)]
+    pub ring_drops: u64,
 }
 
 impl FlowLogs {
@@ -156,42 +171,9 @@ impl FlowLogs {
         recording: Recording,
         file: Option<FileSink>,
     ) -> std::io::Result<Arc<FlowLogs>> {
-        let sink = match &file {
-            Some(f) => Some((
-                Mutex::new(Aggregator::new(node, MAX_FLOWS)),
-                Mutex::new(
-                    margay_logging::LogFile::open(&f.path, f.rotation).map_err(|e| {
-                        std::io::Error::new(
-                            e.kind(),
-                            format!("cannot open the flow log file {}: {e}", f.path.display()),
-                        )
-                    })?,
-                ),
-            )),
-            None => None,
-        };
-        let file_interval = file
-            .as_ref()
-            .map(|f| f.interval.max(Duration::from_secs(1)));
         let ingress = Nflog::bind(FLOW_LOG_GROUP_INGRESS, FLOW_LOG_SNAPLEN)?;
         let egress = Nflog::bind(FLOW_LOG_GROUP_EGRESS, FLOW_LOG_SNAPLEN)?;
-        let logs = Arc::new(FlowLogs {
-            file: sink,
-            file_errors: AtomicU64::new(0),
-            per_rule: Mutex::new(HashMap::new()),
-            denied_by_namespace: Mutex::new(std::collections::BTreeMap::new()),
-            recording,
-            lookup: Mutex::new(Lookup {
-                table: PrefixTable::default(),
-                peers: HashMap::new(),
-                built: None,
-            }),
-            aggregator: Mutex::new(Aggregator::new(node, MAX_FLOWS)),
-            ring: Mutex::new(Ring::new(Ring::DEFAULT_CAPACITY)),
-            stop: AtomicBool::new(false),
-            unknown_prefixes: AtomicU64::new(0),
-            overruns: AtomicU64::new(0),
-        });
+        let (logs, file_interval) = Self::new(node, recording, file)?;
         for (name, mut sock) in [("flows-ingress", ingress), ("flows-egress", egress)] {
             let l = logs.clone();
             std::thread::Builder::new()
@@ -218,7 +200,123 @@ impl FlowLogs {
                     }
                 })?;
         }
+        logs.spawn_flusher(file_interval)?;
+        Ok(logs)
+    }
+
+    /// The eBPF dataplane's source: opens the program's ring buffer (turning its events on)
+    /// and starts one reader thread (at most [`MAX_EVENTS_PER_POLL`] events per read) and
+    /// the flusher. Rules are named from the driver's published slot names.
+    ///
+    /// [`MAX_EVENTS_PER_POLL`]: margay_bpf::flows::MAX_EVENTS_PER_POLL
+    pub fn start_bpf(
+        node: &str,
+        recording: Recording,
+        file: Option<FileSink>,
+        source: BpfFlowSource,
+    ) -> std::io::Result<Arc<FlowLogs>> {
+        let mut reader = FlowReader::open(&source.pin_dir).map_err(std::io::Error::other)?;
+        source.want();
+        let (logs, file_interval) = Self::new(node, recording, file)?;
         let l = logs.clone();
+        std::thread::Builder::new()
+            .name("flows-bpf".into())
+            .spawn(move || {
+                // CLOCK_MONOTONIC (the events' clock) to wall-clock milliseconds.
+                let offset_ms =
+                    || now_ms().saturating_sub(margay_bpf::loader::monotonic_ns() / 1_000_000);
+                let mut offset = offset_ms();
+                let mut names = source.names();
+                let mut names_at = Instant::now();
+                // Log rules' lines: at most LOG_LINES a second, the rest counted.
+                let (mut log_window, mut log_lines, mut log_suppressed) = (Instant::now(), 0, 0u64);
+                while !l.stop.load(Ordering::Relaxed) {
+                    if names_at.elapsed() >= Duration::from_millis(100) {
+                        names = source.names();
+                        names_at = Instant::now();
+                        offset = offset_ms();
+                    }
+                    reader.poll(Duration::from_millis(200), MAX_FLOWS, |e| {
+                        if e.action == margay_bpf::layout::ACT_LOG {
+                            if log_window.elapsed() >= Duration::from_secs(1) {
+                                if log_suppressed > 0 {
+                                    tracing::info!(
+                                        suppressed = log_suppressed,
+                                        "Log rule lines over {LOG_LINES}/s not written"
+                                    );
+                                }
+                                (log_window, log_lines, log_suppressed) = (Instant::now(), 0, 0);
+                            }
+                            if log_lines >= LOG_LINES {
+                                log_suppressed += 1;
+                            } else if let Some(line) = BpfFlowSource::log_line(&names, &e) {
+                                log_lines += 1;
+                                tracing::info!("{line}");
+                            }
+                            return;
+                        }
+                        // A slot written since the names were taken: take them again.
+                        let mut r = BpfFlowSource::resolve(&names, &e);
+                        if r.is_none() && names_at.elapsed() >= Duration::from_millis(20) {
+                            names = source.names();
+                            names_at = Instant::now();
+                            r = BpfFlowSource::resolve(&names, &e);
+                        }
+                        l.observe_event(&e, r, offset);
+                    });
+                    l.ring_drops.store(reader.drops(), Ordering::Relaxed);
+                }
+            })?;
+        logs.spawn_flusher(file_interval)?;
+        Ok(logs)
+    }
+
+    /// The collector's state, without threads.
+    fn new(
+        node: &str,
+        recording: Recording,
+        file: Option<FileSink>,
+    ) -> std::io::Result<(Arc<FlowLogs>, Option<Duration>)> {
+        let sink = match &file {
+            Some(f) => Some((
+                Mutex::new(Aggregator::new(node, MAX_FLOWS)),
+                Mutex::new(
+                    margay_logging::LogFile::open(&f.path, f.rotation).map_err(|e| {
+                        std::io::Error::new(
+                            e.kind(),
+                            format!("cannot open the flow log file {}: {e}", f.path.display()),
+                        )
+                    })?,
+                ),
+            )),
+            None => None,
+        };
+        let file_interval = file
+            .as_ref()
+            .map(|f| f.interval.max(Duration::from_secs(1)));
+        let logs = Arc::new(FlowLogs {
+            file: sink,
+            file_errors: AtomicU64::new(0),
+            per_rule: Mutex::new(HashMap::new()),
+            denied_by_namespace: Mutex::new(std::collections::BTreeMap::new()),
+            recording,
+            lookup: Mutex::new(Lookup {
+                table: PrefixTable::default(),
+                peers: HashMap::new(),
+                built: None,
+            }),
+            aggregator: Mutex::new(Aggregator::new(node, MAX_FLOWS)),
+            ring: Mutex::new(Ring::new(Ring::DEFAULT_CAPACITY)),
+            stop: AtomicBool::new(false),
+            unknown_prefixes: AtomicU64::new(0),
+            overruns: AtomicU64::new(0),
+            ring_drops: AtomicU64::new(0),
+        });
+        Ok((logs, file_interval))
+    }
+
+    fn spawn_flusher(self: &Arc<Self>, file_interval: Option<Duration>) -> std::io::Result<()> {
+        let l = self.clone();
         std::thread::Builder::new()
             .name("flows-flush".into())
             .spawn(move || {
@@ -236,7 +334,7 @@ impl FlowLogs {
                 // What the last interval holds is not lost on a clean stop.
                 l.flush_file();
             })?;
-        Ok(logs)
+        Ok(())
     }
 
     /// Stops the threads (within a read timeout).
@@ -285,6 +383,57 @@ impl FlowLogs {
             self.unknown_prefixes.fetch_add(1, Ordering::Relaxed);
             return;
         };
+        self.record(lookup, now_ms(), tuple, p.payload.len() as u64, rule, tier);
+    }
+
+    /// One eBPF flow event, with the rule it names (None: unknown, counted) and the offset
+    /// from the program's clock to wall-clock milliseconds.
+    fn observe_event(
+        &self,
+        e: &FlowEvent,
+        rule: Option<(margay_flows::RuleRef, String)>,
+        offset_ms: u64,
+    ) {
+        let Some((rule, tier)) = rule else {
+            self.unknown_prefixes.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        // Calico's ICMP "ports": the echo id, and type << 8 | code.
+        let (src_port, dst_port) = if e.proto == 1 {
+            (
+                e.sport,
+                u16::from(e.icmp_type) << 8 | u16::from(e.icmp_code),
+            )
+        } else {
+            (e.sport, e.dport)
+        };
+        let tuple = margay_flows::Tuple {
+            src: IpAddr::V4(e.src),
+            dst: IpAddr::V4(e.dst),
+            proto: e.proto,
+            src_port,
+            dst_port,
+        };
+        let mut lookup = lock(&self.lookup);
+        let stale = lookup.built.is_none_or(|t| t.elapsed() >= REFRESH);
+        if stale && !(lookup.peers.contains_key(&tuple.src) | lookup.peers.contains_key(&tuple.dst))
+        {
+            self.rebuild(&mut lookup);
+        }
+        let at = offset_ms.saturating_add(e.ts_ns / 1_000_000);
+        self.record(lookup, at, tuple, u64::from(e.len), rule, tier);
+    }
+
+    /// Counts one decided packet and hands it to the aggregators.
+    fn record(
+        &self,
+        lookup: MutexGuard<'_, Lookup>,
+        at_ms: u64,
+        tuple: margay_flows::Tuple,
+        bytes: u64,
+        rule: margay_flows::RuleRef,
+        tier: String,
+    ) {
         *lock(&self.per_rule).entry(rule.clone()).or_default() += 1;
         let peer = |ip: IpAddr| {
             lookup
@@ -294,9 +443,9 @@ impl FlowLogs {
                 .unwrap_or_else(|| Peer::network(ip))
         };
         let o = Observation {
-            at_ms: now_ms(),
+            at_ms,
             tuple,
-            bytes: p.payload.len() as u64,
+            bytes,
             rule,
             tier,
             source: peer(tuple.src),
@@ -367,6 +516,7 @@ impl FlowLogs {
             shed,
             overruns: self.overruns.load(Ordering::Relaxed),
             unknown_prefixes: self.unknown_prefixes.load(Ordering::Relaxed),
+            ring_drops: self.ring_drops.load(Ordering::Relaxed),
             per_rule: lock(&self.per_rule)
                 .iter()
                 .map(|(r, n)| (r.clone(), *n))
@@ -389,6 +539,7 @@ impl FlowLogs {
             packets_shed: shed,
             overruns: self.overruns.load(Ordering::Relaxed),
             unknown_prefixes: self.unknown_prefixes.load(Ordering::Relaxed),
+            ring_drops: self.ring_drops.load(Ordering::Relaxed),
         }
     }
 }

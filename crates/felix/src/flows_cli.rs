@@ -150,15 +150,19 @@ pub fn run_flows(a: FlowsArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             return 1;
         }
     };
-    let mut reported = (answer.packets_shed, answer.overruns);
+    let mut reported = (
+        answer.packets_shed,
+        answer.overruns.saturating_add(answer.ring_drops),
+    );
     if print(&a, &answer, out).is_err() {
         return 0;
     }
-    if answer.packets_shed > 0 || answer.overruns > 0 {
+    if answer.packets_shed > 0 || answer.overruns.saturating_add(answer.ring_drops) > 0 {
         let _ = writeln!(
             err,
-            "note: Felix shed {} logged packets (more new flows per second than it keeps) and the kernel dropped {} batches",
-            answer.packets_shed, answer.overruns
+            "note: Felix shed {} logged packets (more new flows per second than it keeps) and the kernel dropped {} batches (NFLOG) or events (eBPF)",
+            answer.packets_shed,
+            answer.overruns.saturating_add(answer.ring_drops)
         );
     }
     if !a.follow {
@@ -184,13 +188,21 @@ pub fn run_flows(a: FlowsArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             // The reader went away (a closed pipe).
             return 0;
         }
-        if (answer.packets_shed, answer.overruns) != reported {
+        if (
+            answer.packets_shed,
+            answer.overruns.saturating_add(answer.ring_drops),
+        ) != reported
+        {
             let _ = writeln!(
                 err,
-                "note: {} logged packets shed, {} kernel batches dropped so far",
-                answer.packets_shed, answer.overruns
+                "note: {} logged packets shed, {} kernel batches or events dropped so far",
+                answer.packets_shed,
+                answer.overruns.saturating_add(answer.ring_drops)
             );
-            reported = (answer.packets_shed, answer.overruns);
+            reported = (
+                answer.packets_shed,
+                answer.overruns.saturating_add(answer.ring_drops),
+            );
         }
     }
 }

@@ -106,6 +106,11 @@ impl Collector for FlowMetrics {
                 "Logged packets whose prefix named no rule Felix rendered (margay).",
                 c.unknown_prefixes,
             ),
+            (
+                "felix_bpf_flow_events_dropped",
+                "eBPF flow events the policy program dropped because the ring buffer was full (margay).",
+                c.ring_drops,
+            ),
         ] {
             let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             ConstCounter::new(value).encode(m)?;
@@ -414,6 +419,7 @@ mod tests {
             shed: 1,
             overruns: 0,
             unknown_prefixes: 0,
+            ring_drops: 3,
             per_rule: vec![(
                 margay_flows::RuleRef {
                     action: margay_flows::Action::Allow,
@@ -431,6 +437,10 @@ mod tests {
         }));
         let text = m.render();
         assert!(text.contains("felix_nflog_logs_received_total 7"), "{text}");
+        assert!(
+            text.contains("felix_bpf_flow_events_dropped_total 3"),
+            "{text}"
+        );
         assert!(
             text.contains("felix_policy_rule_packets_total{policy=\"np/prod/web\",tier=\"\",rule=\"0\",action=\"allow\",direction=\"ingress\"} 5"),
             "{text}"

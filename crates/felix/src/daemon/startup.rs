@@ -378,7 +378,7 @@ pub(super) async fn startup(
         true,
         config.dataplane_watchdog_timeout,
     );
-    // Flow logs: only where nftables logs the verdicts (the Linux driver).
+    // Flow logs: nftables' NFLOG verdicts (the Linux driver) or the eBPF program's events.
     let file_sink = config
         .flow_logs_file_enabled
         .then(|| crate::flows::FileSink {
@@ -396,8 +396,22 @@ pub(super) async fn startup(
         .eq_ignore_ascii_case("enabled")
         || file_sink.is_some()
     {
-        if matches!(nft_stats, Some(super::driver::DriverStats::Nft(_))) {
-            match crate::flows::FlowLogs::start(&hostname, recording.clone(), file_sink) {
+        let started = match &nft_stats {
+            Some(super::driver::DriverStats::Nft(_)) => Some(crate::flows::FlowLogs::start(
+                &hostname,
+                recording.clone(),
+                file_sink,
+            )),
+            Some(super::driver::DriverStats::Bpf(h)) => Some(crate::flows::FlowLogs::start_bpf(
+                &hostname,
+                recording.clone(),
+                file_sink,
+                h.flow_source(),
+            )),
+            None => None,
+        };
+        if let Some(started) = started {
+            match started {
                 Ok(f) => {
                     tracing::info!(
                         "Flow logs on (FlowLogsLocalReporter / FlowLogsFileEnabled): `margay flows` reads them"
@@ -406,7 +420,7 @@ pub(super) async fn startup(
                     Some(f)
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "Cannot read flow logs (NFLOG groups 1 and 2); continuing without them");
+                    tracing::error!(error = %e, "Cannot read flow logs (NFLOG groups 1 and 2, or the eBPF ring buffer); continuing without them");
                     None
                 }
             }

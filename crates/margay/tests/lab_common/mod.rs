@@ -284,28 +284,25 @@ fn now_ms() -> u64 {
 
 /// Flow logs agree with the matrix: one more matrix, then every probe between two pods has a
 /// flow record on some node — a denied probe a denied flow naming what denied it, an allowed
-/// probe an allowed flow (and no denied one). Skipped on the eBPF dataplane (no flow logs
-/// there yet).
+/// probe an allowed flow (and no denied one). On both dataplanes: NFLOG prefixes with
+/// nftables, the program's ring-buffer events with eBPF (`MARGAY_LAB_DATAPLANE=bpf`).
 pub fn check_flows(lab: &Lab, port: u16, protocol: &str) -> Result<(), String> {
-    if std::env::var("MARGAY_LAB_DATAPLANE").as_deref() == Ok("bpf") {
-        return Ok(());
-    }
     let since = now_ms();
     let m = lab.matrix(port, protocol);
     let ips = lab.ips();
     let proto = if protocol == "udp" { 17 } else { 6 };
     let t = Instant::now();
     loop {
-        let out = lab
-            .cmd(&["flows", "-o", "json", "--last", "4095"])
-            .output()
-            .unwrap();
-        let flows: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .filter(|f: &Value| f["end_ms"].as_u64().unwrap_or(0) >= since)
+        // Each node's Felix directly: `lab flows` leaves out a node whose answer failed, and
+        // a full ring's answer (4095 flows) can miss the status socket's deadline on a
+        // loaded machine; this matrix's flows are far fewer than the last 1000.
+        let (all, node_errors) = node_flows(lab, 1000);
+        let flows: Vec<&Value> = all
+            .iter()
+            .filter(|f| f["end_ms"].as_u64().unwrap_or(0) >= since)
             .collect();
         let mut wrong = Vec::new();
+        let mut wrong_pairs = Vec::new();
         for (from, row) in &m {
             for (to, ok) in row {
                 if from == to {
@@ -319,6 +316,9 @@ pub fn check_flows(lab: &Lab, port: u16, protocol: &str) -> Result<(), String> {
                 };
                 let denied = flows.iter().find(|f| of(f) && f["action"] == "deny");
                 let allowed = flows.iter().any(|f| of(f) && f["action"] == "allow");
+                if !matches!((ok, denied), (false, Some(_)) | (true, None)) || (*ok && !allowed) {
+                    wrong_pairs.push((ips[from].clone(), ips[to].clone()));
+                }
                 match (ok, denied) {
                     (false, Some(f)) if f["rule"]["origin"]["type"].is_string() => {}
                     (false, _) => wrong.push(format!("{from} -> {to}: denied, but no denied flow")),
@@ -333,15 +333,110 @@ pub fn check_flows(lab: &Lab, port: u16, protocol: &str) -> Result<(), String> {
                 }
             }
         }
-        if wrong.is_empty() {
+        if wrong.is_empty() && node_errors.is_empty() {
             return Ok(());
+        }
+        if wrong.is_empty() {
+            wrong = node_errors;
         }
         // Flows are closed every second.
         if t.elapsed() > Duration::from_secs(6) {
-            return Err(format!("{wrong:?}"));
+            // Each node's counters (shed, unknown rules, kernel drops) say where flows went.
+            let mut counters = Vec::new();
+            for dir in std::fs::read_dir(lab.dir.join("nodes"))
+                .into_iter()
+                .flatten()
+            {
+                let Ok(dir) = dir else { continue };
+                let out = Command::new(bin())
+                    .args(["felix", "status", "--socket"])
+                    .arg(dir.path().join("felix.sock"))
+                    .arg("flows?last=0")
+                    .output();
+                if let Ok(o) = out {
+                    let text = String::from_utf8_lossy(&o.stdout).replace(['\n', ' '], "");
+                    counters.push(format!("{}: {text}", dir.file_name().to_string_lossy()));
+                }
+            }
+            // What the nodes have for the first wrong pairs, whatever their time (after a
+            // longer wait: late records are a slow reader, none at all no events).
+            std::thread::sleep(Duration::from_secs(5));
+            let (all, node_errors) = node_flows(lab, 1000);
+            let all: Vec<Value> = all
+                .into_iter()
+                .filter(|f: &Value| f["end_ms"].as_u64().unwrap_or(0) + 60_000 >= since)
+                .collect();
+            let mut logs = Vec::new();
+            for dir in std::fs::read_dir(lab.dir.join("nodes"))
+                .into_iter()
+                .flatten()
+            {
+                let Ok(dir) = dir else { continue };
+                let text =
+                    std::fs::read_to_string(dir.path().join("felix.log")).unwrap_or_default();
+                logs.extend(
+                    text.lines()
+                        .filter(|l| {
+                            l.contains("WARN") || l.contains("ERROR") || l.contains("shutting")
+                        })
+                        .map(|l| format!("{}: {l}", dir.file_name().to_string_lossy()))
+                        .take(20),
+                );
+            }
+            let mut seen = vec![format!("felix warnings: {logs:?}; {node_errors:?}")];
+            for (src, dst) in wrong_pairs.iter().take(3) {
+                for f in all.iter().filter(|f| {
+                    f["tuple"]["src"] == src.as_str() && f["tuple"]["dst"] == dst.as_str()
+                }) {
+                    seen.push(format!(
+                        "{src}:{} -> {dst}:{} {} {} {} end {} (since {since})",
+                        f["tuple"]["src_port"],
+                        f["tuple"]["dst_port"],
+                        f["action"],
+                        f["reporter"],
+                        f["node"],
+                        f["end_ms"]
+                    ));
+                }
+            }
+            return Err(format!(
+                "{wrong:?}; {counters:?}; records of those pairs: {seen:?}"
+            ));
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// Every node's last `last` flows (`margay flows -o json` against its Felix's socket), and
+/// the nodes whose Felix did not answer.
+fn node_flows(lab: &Lab, last: usize) -> (Vec<Value>, Vec<String>) {
+    let (mut flows, mut errors) = (Vec::new(), Vec::new());
+    for dir in std::fs::read_dir(lab.dir.join("nodes"))
+        .into_iter()
+        .flatten()
+    {
+        let Ok(dir) = dir else { continue };
+        let node = dir.file_name().to_string_lossy().into_owned();
+        let out = Command::new(bin())
+            .args(["flows", "-o", "json", "--last", &last.to_string()])
+            .arg("--status-socket")
+            .arg(dir.path().join("felix.sock"))
+            .stdin(Stdio::null())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => flows.extend(
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok()),
+            ),
+            Ok(o) => errors.push(format!(
+                "{node}: margay flows failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => errors.push(format!("{node}: {e}")),
+        }
+    }
+    (flows, errors)
 }
 
 pub fn diff(got: &BTreeMap<String, BTreeMap<String, bool>>, expect: Expect) -> Vec<String> {
