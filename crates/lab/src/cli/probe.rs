@@ -458,7 +458,13 @@ pub(super) fn lab_flows(st: &LabState, filter: &FlowFilter) -> Result<Vec<Value>
             .output()
             .map_err(|e| other(format!("margay flows on {}: {e}", node.name)))?;
         if !o.status.success() {
-            // A node whose Felix keeps no flows (eBPF dataplane) or is restarting: skipped.
+            // A node whose Felix is restarting or keeps no flows (flow logs off): said on
+            // stderr, and the other nodes' flows still shown.
+            eprintln!(
+                "margay lab flows: node {} left out: {}",
+                node.name,
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
             continue;
         }
         for line in String::from_utf8_lossy(&o.stdout).lines() {
