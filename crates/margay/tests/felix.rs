@@ -581,11 +581,12 @@ fn felix_status_says_what_start_up_waits_for() {
             .args(args);
         c.output().unwrap()
     };
+    // The first answers may still say "configuration to load": wait for the datastore phase.
     let out =
         margay_testkit::roles::wait_until("a starting answer", Duration::from_secs(20), || {
             let out = status(&[]);
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            if text.contains("Felix is starting") {
+            if text.contains("Felix is starting") && text.contains("waiting for: the datastore") {
                 Ok(out)
             } else {
                 Err(format!("{text}{}", String::from_utf8_lossy(&out.stderr)))
