@@ -29,5 +29,7 @@ fn main() {
             Ok(_) => {}
         }
     }
+    // Headers policy.c includes.
+    println!("cargo:rerun-if-changed=bpf/svc.h");
     println!("cargo:rerun-if-env-changed=MARGAY_BPF_CLANG");
 }

@@ -652,16 +652,28 @@ static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 	return TC_ACT_OK;
 }
 
+// Services (svc.h): DNAT before the egress policy (which sees the backend), reverse NAT
+// after the ingress policy (which judged the backend's reply).
+#include "svc.h"
+
 SEC("classifier")
 int mgy_from_wl(struct __sk_buff *skb)
 {
+	int v = svc_from_wl(skb);
+	if (v != SVC_CONTINUE)
+		return v;
 	return policy(skb, HOOK_FROM_WL);
 }
 
 SEC("classifier")
 int mgy_to_wl(struct __sk_buff *skb)
 {
-	return policy(skb, HOOK_TO_WL);
+	if (skb->mark == SVC_REJECT_MARK)
+		return TC_ACT_OK; // svc_reject's answer to this workload
+	int v = policy(skb, HOOK_TO_WL);
+	if (v == TC_ACT_OK)
+		v = svc_to_wl(skb);
+	return v;
 }
 
 // No GPL-only helper is used.

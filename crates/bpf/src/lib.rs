@@ -9,6 +9,7 @@ pub mod flows;
 pub mod inspect;
 pub mod layout;
 pub mod loader;
+pub mod services;
 pub mod sim;
 pub mod sync;
 

@@ -13,6 +13,10 @@
 //! `new` adopts them (the syncer's state is rebuilt from the maps) and the first in-sync
 //! write changes only what differs, then sweeps programs no endpoint claims any more.
 //!
+//! Services (the model's service ports) are load-balanced by the same programs
+//! (`bpf/svc.h`, [`margay_bpf::services`]): the service maps are written after the policy
+//! maps in every write, incrementally; no nftables service section exists in this mode.
+//!
 //! DefaultEndpointToHostAction and natOutgoing stay in a small nftables table
 //! ([`crate::bpf_host_nft`]). Housekeeping runs the conntrack garbage collector every
 //! [`CT_GC_INTERVAL`]. Flow logs read the program's events themselves
@@ -28,6 +32,7 @@ use margay_bpf::compile::{BlockKey, CompileConfig};
 use margay_bpf::flows::{Decided, FlowNames};
 use margay_bpf::layout::{ACT_ALLOW, ACT_DENY, ACT_LOG, FlowEvent, HOOK_TO_WL};
 use margay_bpf::loader::{BpfMaps, CtGc, LinkRestore, LoadError, ensure_bpffs};
+use margay_bpf::services::{SvcMaps, SvcReport, SvcSyncer};
 use margay_bpf::sync::{AdoptReport, SyncReport, Syncer};
 use margay_calc::Message;
 use margay_calc::RuleAction;
@@ -63,6 +68,11 @@ pub struct BpfStatus {
     pub restored_endpoints: usize,
     pub restored_interfaces: usize,
     pub programs_replaced: usize,
+    /// Service frontends (address, port, protocol) and backend slots in the service maps.
+    #[serde(default)]
+    pub service_frontends: usize,
+    #[serde(default)]
+    pub service_backends: usize,
 }
 
 /// Shared view of the driver's [`BpfStatus`] (and what flow logs need of the driver).
@@ -253,6 +263,9 @@ pub struct BpfDriver {
     /// Successful writes so far, and the one whose flow names were last published.
     writes: u64,
     names_published: Option<u64>,
+    svc: SvcSyncer,
+    svc_maps: SvcMaps,
+    last_svc: SvcReport,
 }
 
 impl BpfDriver {
@@ -269,6 +282,14 @@ impl BpfDriver {
         let restored = maps.take_restored();
         let adopted = syncer.adopt(restored, &maps);
         let links = maps.link_restore().clone();
+        // The service maps were pinned by the load above.
+        let svc_maps = SvcMaps::open(&cfg.pin_dir).map_err(|e| LoadError::Map {
+            map: "mgy_svc_*",
+            reason: e.to_string(),
+        })?;
+        let mut svc = SvcSyncer::new();
+        let (frontends, backends) = svc_maps.restored();
+        svc.adopt(frontends, backends);
         tracing::info!(
             pin_dir = %cfg.pin_dir.display(),
             endpoints = adopted.endpoints,
@@ -312,6 +333,9 @@ impl BpfDriver {
                 },
                 writes: 0,
                 names_published: None,
+                svc,
+                svc_maps,
+                last_svc: SvcReport::default(),
             },
             state,
         ))
@@ -337,6 +361,8 @@ impl BpfDriver {
             restored_endpoints: self.restore.0.endpoints,
             restored_interfaces: self.restore.1.interfaces,
             programs_replaced: self.restore.1.programs_replaced,
+            service_frontends: self.svc.num_frontends(),
+            service_backends: self.svc.num_backends(),
         }
     }
 
@@ -366,12 +392,29 @@ impl BpfDriver {
         if self.ct.deleted > 0 {
             tracing::debug!(gc = ?self.ct, "eBPF conntrack sweep");
         }
+        let stale = self.svc_maps.affinity_gc(&self.svc.groups());
+        if stale > 0 {
+            tracing::debug!(
+                stale,
+                "eBPF: ClientIP affinities of backends that left deleted"
+            );
+        }
         self.ct
     }
 
     /// What the last successful write did.
     pub fn last_report(&self) -> &SyncReport {
         &self.last_report
+    }
+
+    /// What the last successful write did to the service maps.
+    pub fn last_service_report(&self) -> &SvcReport {
+        &self.last_svc
+    }
+
+    /// The service NAT conntrack entries (tests, inspection).
+    pub fn service_nat_entries(&self) -> Vec<margay_bpf::services::NatEntry> {
+        self.svc_maps.nat_entries()
     }
 
     /// Interfaces with programs attached (name, ifindex).
@@ -400,6 +443,20 @@ impl BpfDriver {
                 what: "eBPF programs on unknown workload interfaces".into(),
                 reason: e.to_string(),
             })?;
+        // Services: backends before the frontends that count them (see services.rs).
+        let svc = self
+            .svc
+            .sync(&st.model.services, &mut self.svc_maps)
+            .map_err(|e| DataplaneError::Apply {
+                what: "eBPF service maps".into(),
+                reason: e.to_string(),
+            })?;
+        if svc.refused != self.last_svc.refused {
+            for r in &svc.refused {
+                tracing::warn!("service port not programmed: {r}");
+            }
+        }
+        self.last_svc = svc;
         // Programs a previous run attached that nothing claims now.
         let owned = self.syncer.owned_interfaces();
         self.maps.sweep(&owned);
@@ -509,9 +566,6 @@ impl BpfDriver {
                 }
                 Message::WorkloadEndpointRemove { id } => {
                     out.push(StatusUpdate::WorkloadEndpointRemoved { id: id.clone() })
-                }
-                Message::ServiceUpdate { id, .. } => {
-                    tracing::debug!(%id, "service not programmed: the eBPF dataplane has no service maps yet")
                 }
                 _ => {}
             }

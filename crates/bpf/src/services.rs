@@ -1,0 +1,909 @@
+//! Kubernetes Services in the eBPF dataplane (kube-proxy replacement, IPv4): the service
+//! maps' layouts (mirroring `bpf/svc.h` byte for byte), the incremental update protocol
+//! (pure, over [`SvcKernel`]) and the maps opened from their pins ([`SvcMaps`], the edge).
+//!
+//! The model's service ports become **frontends** (ClusterIP, ExternalIP, LoadBalancer
+//! address × port × protocol → backend group id, backend count, flags, affinity timeout)
+//! and **backend groups** (`{id, slot}` → backend address and port). The program picks
+//! `random % count` per new flow (or the ClientIP affinity entry) and keeps the flow on
+//! its backend through its own NAT conntrack. See DESIGN.md, "Services".
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::sync::Arc;
+
+use aya::maps::{HashMap, Map, MapData, MapError};
+use margay_calc::messages::PortProtocol;
+use margay_calc::services::{Backend, FrontendKind, ServicePort, ServicePortId};
+
+pub const FE_KEY_SIZE: usize = 8;
+pub const FE_VAL_SIZE: usize = 16;
+pub const BE_KEY_SIZE: usize = 8;
+pub const BE_VAL_SIZE: usize = 8;
+pub const SVC_CT_KEY_SIZE: usize = 16;
+pub const SVC_CT_VAL_SIZE: usize = 16;
+pub const AFF_KEY_SIZE: usize = 8;
+pub const AFF_VAL_SIZE: usize = 16;
+
+/// The maps' sizes (`svc.h`): beyond them a service port is refused whole (its frontends
+/// are not written; the error names it).
+pub const MAX_FRONTENDS: usize = 65_536;
+pub const MAX_BACKENDS: usize = 262_144;
+
+/// `svc_fe_val.flags`: sessionAffinity ClientIP.
+pub const F_AFFINITY: u32 = 0x1;
+
+const PROTO_TCP: u8 = 6;
+const PROTO_UDP: u8 = 17;
+
+/// A frontend: where clients reach a service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FeKey {
+    pub addr: Ipv4Addr,
+    pub port: u16,
+    pub proto: u8,
+}
+
+impl FeKey {
+    pub fn encode(&self) -> [u8; FE_KEY_SIZE] {
+        let mut b = [0u8; FE_KEY_SIZE];
+        b[0..4].copy_from_slice(&self.addr.octets());
+        b[4..6].copy_from_slice(&self.port.to_be_bytes());
+        b[6] = self.proto;
+        b
+    }
+
+    pub fn decode(b: &[u8; FE_KEY_SIZE]) -> FeKey {
+        FeKey {
+            addr: Ipv4Addr::new(b[0], b[1], b[2], b[3]),
+            port: u16::from_be_bytes([b[4], b[5]]),
+            proto: b[6],
+        }
+    }
+}
+
+/// What a frontend leads to: its backend group and how many backends it has now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FeVal {
+    pub id: u32,
+    /// Backends at slots `0..count`; 0: the program rejects (ICMP port unreachable).
+    pub count: u32,
+    pub flags: u32,
+    pub affinity_s: u32,
+}
+
+impl FeVal {
+    pub fn encode(&self) -> [u8; FE_VAL_SIZE] {
+        let mut b = [0u8; FE_VAL_SIZE];
+        b[0..4].copy_from_slice(&self.id.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.count.to_ne_bytes());
+        b[8..12].copy_from_slice(&self.flags.to_ne_bytes());
+        b[12..16].copy_from_slice(&self.affinity_s.to_ne_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; FE_VAL_SIZE]) -> FeVal {
+        let u = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        FeVal {
+            id: u(0),
+            count: u(4),
+            flags: u(8),
+            affinity_s: u(12),
+        }
+    }
+}
+
+/// One backend (a slot of a group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BeVal {
+    pub addr: Ipv4Addr,
+    pub port: u16,
+}
+
+impl BeVal {
+    pub fn encode(&self) -> [u8; BE_VAL_SIZE] {
+        let mut b = [0u8; BE_VAL_SIZE];
+        b[0..4].copy_from_slice(&self.addr.octets());
+        b[4..6].copy_from_slice(&self.port.to_be_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; BE_VAL_SIZE]) -> BeVal {
+        BeVal {
+            addr: Ipv4Addr::new(b[0], b[1], b[2], b[3]),
+            port: u16::from_be_bytes([b[4], b[5]]),
+        }
+    }
+}
+
+pub fn be_key(id: u32, slot: u32) -> [u8; BE_KEY_SIZE] {
+    let mut b = [0u8; BE_KEY_SIZE];
+    b[0..4].copy_from_slice(&id.to_ne_bytes());
+    b[4..8].copy_from_slice(&slot.to_ne_bytes());
+    b
+}
+
+pub fn decode_be_key(b: &[u8; BE_KEY_SIZE]) -> (u32, u32) {
+    (
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+    )
+}
+
+/// A NAT conntrack entry as the program writes it (for inspection and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NatEntry {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    /// Forward (client → frontend, value: the backend) or reverse (backend → client, value:
+    /// the frontend).
+    pub reverse: bool,
+    pub last_seen_ns: u64,
+    pub to: BeVal,
+}
+
+impl NatEntry {
+    pub fn decode(k: &[u8; SVC_CT_KEY_SIZE], v: &[u8; SVC_CT_VAL_SIZE]) -> NatEntry {
+        NatEntry {
+            src: Ipv4Addr::new(k[0], k[1], k[2], k[3]),
+            dst: Ipv4Addr::new(k[4], k[5], k[6], k[7]),
+            sport: u16::from_be_bytes([k[8], k[9]]),
+            dport: u16::from_be_bytes([k[10], k[11]]),
+            proto: k[12],
+            reverse: k[13] == 1,
+            last_seen_ns: u64::from_ne_bytes([v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]]),
+            to: BeVal {
+                addr: Ipv4Addr::new(v[8], v[9], v[10], v[11]),
+                port: u16::from_be_bytes([v[12], v[13]]),
+            },
+        }
+    }
+}
+
+/// Which backends a group holds: a service port's cluster-wide ones, or (ClusterIP under
+/// internalTrafficPolicy Local) this node's.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GroupKey {
+    pub port: ServicePortId,
+    pub local: bool,
+}
+
+/// What the maps should hold for a model's services.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub frontends: BTreeMap<FeKey, (GroupKey, u32, u32)>,
+    pub groups: BTreeMap<GroupKey, Vec<BeVal>>,
+    /// Service ports left out, and why.
+    pub refused: Vec<String>,
+}
+
+fn v4(b: &Backend) -> Option<BeVal> {
+    match b.addr {
+        IpAddr::V4(addr) => Some(BeVal { addr, port: b.port }),
+        IpAddr::V6(_) => None,
+    }
+}
+
+/// The frontends and groups for `services` (pure). Traffic from workloads (the only traffic
+/// the workload hook translates) uses the internal backends for a ClusterIP and, as
+/// kube-proxy short-circuits pod traffic to external addresses, the cluster-wide backends
+/// for ExternalIPs and LoadBalancer addresses. IPv6 frontends and backends and SCTP are
+/// left out (the program translates IPv4 TCP and UDP).
+pub fn desired(services: &BTreeMap<ServicePortId, Arc<ServicePort>>) -> Desired {
+    let mut out = Desired::default();
+    let mut backends = 0usize;
+    for (id, sp) in services {
+        let proto = match id.protocol {
+            PortProtocol::Tcp => PROTO_TCP,
+            PortProtocol::Udp => PROTO_UDP,
+            PortProtocol::Sctp => continue,
+        };
+        let flags = if sp.affinity_timeout.is_some() {
+            F_AFFINITY
+        } else {
+            0
+        };
+        let aff = sp.affinity_timeout.unwrap_or(0);
+        let mut fes = Vec::new();
+        let mut groups: BTreeMap<GroupKey, Vec<BeVal>> = BTreeMap::new();
+        for f in &sp.frontends {
+            let IpAddr::V4(addr) = f.addr else { continue };
+            let local = f.kind == FrontendKind::ClusterIp && sp.internal_local;
+            let key = FeKey {
+                addr,
+                port: f.port,
+                proto,
+            };
+            if out.frontends.contains_key(&key) {
+                out.refused.push(format!(
+                    "{id}: frontend {addr}:{} is another service's already",
+                    f.port
+                ));
+                continue;
+            }
+            let group = GroupKey {
+                port: id.clone(),
+                local,
+            };
+            groups.entry(group.clone()).or_insert_with(|| {
+                let list = if local {
+                    &sp.local_backends
+                } else {
+                    &sp.cluster_backends
+                };
+                let mut v: Vec<BeVal> = list.iter().filter_map(v4).collect();
+                v.dedup();
+                v
+            });
+            fes.push((key, group));
+        }
+        let more: usize = groups.values().map(Vec::len).sum();
+        if out.frontends.len() + fes.len() > MAX_FRONTENDS || backends + more > MAX_BACKENDS {
+            out.refused.push(format!(
+                "{id}: the service maps are full ({MAX_FRONTENDS} frontends, {MAX_BACKENDS} backends)"
+            ));
+            continue;
+        }
+        backends += more;
+        for (key, group) in fes {
+            out.frontends.insert(key, (group, flags, aff));
+        }
+        out.groups.extend(groups);
+    }
+    out
+}
+
+/// What the syncer needs from the kernel (the real one is [`SvcMaps`]).
+pub trait SvcKernel {
+    type Error: fmt::Display;
+    fn put_frontend(&mut self, k: &FeKey, v: &FeVal) -> Result<(), Self::Error>;
+    fn del_frontend(&mut self, k: &FeKey) -> Result<(), Self::Error>;
+    fn put_backend(&mut self, id: u32, slot: u32, v: &BeVal) -> Result<(), Self::Error>;
+    fn del_backend(&mut self, id: u32, slot: u32) -> Result<(), Self::Error>;
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("service maps: {0}")]
+pub struct SvcSyncError(pub String);
+
+/// What one sync wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SvcReport {
+    pub frontends_written: usize,
+    pub frontends_deleted: usize,
+    pub backends_written: usize,
+    pub backends_deleted: usize,
+    pub refused: Vec<String>,
+}
+
+/// The incremental update protocol. Per sync:
+/// 1. delete what the previous sync left behind (slots beyond a shrunk group's count, the
+///    slots of groups no frontend names any more) and free those ids;
+/// 2. per group, write the slots that differ (new slots before any count grows);
+/// 3. per frontend whose value differs (group, count, affinity), one map write: the flip;
+/// 4. delete frontends gone from the model;
+/// 5. queue the slots no count covers any more for the next sync (a packet that read the
+///    old count finishes long before).
+///
+/// A service change costs the slots that changed plus one write per frontend whose count
+/// changed. The recorded state is exact after a failed write (each write is recorded as it
+/// succeeds), so the next sync writes what is still missing.
+#[derive(Debug, Default)]
+pub struct SvcSyncer {
+    groups: BTreeMap<GroupKey, Group>,
+    frontends: BTreeMap<FeKey, FeVal>,
+    /// (id, slot) to delete at the next sync unless a group covers it again.
+    pending: BTreeSet<(u32, u32)>,
+    /// Ids whose slots are in `pending`: free once those are gone.
+    retired: BTreeSet<u32>,
+    /// Slots a previous run wrote: queued once the first sync flipped the frontends away.
+    adopted: Vec<(u32, u32)>,
+    free: Vec<u32>,
+    next_id: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Group {
+    id: u32,
+    /// What the slots hold (0..len), as written.
+    slots: Vec<BeVal>,
+}
+
+impl SvcSyncer {
+    pub fn new() -> SvcSyncer {
+        SvcSyncer {
+            next_id: 1,
+            ..SvcSyncer::default()
+        }
+    }
+
+    /// Takes over what a previous run left in the maps: its frontends stay until the first
+    /// sync replaces them (one write each, never absent in between), its groups' slots are
+    /// deleted after that; new ids start above every id seen.
+    pub fn adopt(&mut self, frontends: Vec<(FeKey, FeVal)>, backends: Vec<(u32, u32)>) {
+        let mut max = 0;
+        for (k, v) in frontends {
+            max = max.max(v.id);
+            self.frontends.insert(k, v);
+        }
+        for (id, slot) in backends {
+            max = max.max(id);
+            self.adopted.push((id, slot));
+        }
+        self.next_id = self.next_id.max(max.saturating_add(1));
+    }
+
+    pub fn num_frontends(&self) -> usize {
+        self.frontends.len()
+    }
+
+    pub fn num_backends(&self) -> usize {
+        self.groups.values().map(|g| g.slots.len()).sum()
+    }
+
+    /// The written groups: id → backends (for affinity and NAT clean-up).
+    pub fn groups(&self) -> BTreeMap<u32, BTreeSet<BeVal>> {
+        self.groups
+            .values()
+            .map(|g| (g.id, g.slots.iter().copied().collect()))
+            .collect()
+    }
+
+    fn alloc(&mut self) -> u32 {
+        if let Some(id) = self.free.pop() {
+            return id;
+        }
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        id
+    }
+
+    pub fn sync<K: SvcKernel>(
+        &mut self,
+        services: &BTreeMap<ServicePortId, Arc<ServicePort>>,
+        k: &mut K,
+    ) -> Result<SvcReport, SvcSyncError> {
+        let e = |what: &str, err: K::Error| SvcSyncError(format!("{what}: {err}"));
+        let mut report = SvcReport::default();
+        // 1. Leftovers of the previous sync.
+        let live: BTreeMap<u32, usize> = self
+            .groups
+            .values()
+            .map(|g| (g.id, g.slots.len()))
+            .collect();
+        let pending = std::mem::take(&mut self.pending);
+        for (id, slot) in pending {
+            if live.get(&id).is_some_and(|n| (slot as usize) < *n) {
+                continue; // covered again by its (regrown) group
+            }
+            match k.del_backend(id, slot) {
+                Ok(()) => report.backends_deleted += 1,
+                Err(err) => {
+                    tracing::warn!(id, slot, "deleting a service backend slot: {err}; retried");
+                    self.pending.insert((id, slot));
+                }
+            }
+        }
+        let retired = std::mem::take(&mut self.retired);
+        for id in retired {
+            if self.pending.iter().any(|(i, _)| *i == id) {
+                self.retired.insert(id);
+            } else {
+                self.free.push(id);
+            }
+        }
+        let want = desired(services);
+        report.refused = want.refused.clone();
+        // 2. Backends first: a count never covers a slot not written yet.
+        for (gk, backends) in &want.groups {
+            if !self.groups.contains_key(gk) {
+                let id = self.alloc();
+                self.groups.insert(
+                    gk.clone(),
+                    Group {
+                        id,
+                        slots: Vec::new(),
+                    },
+                );
+            }
+            let Some(g) = self.groups.get_mut(gk) else {
+                continue;
+            };
+            for (i, b) in backends.iter().enumerate() {
+                if g.slots.get(i) == Some(b) {
+                    continue;
+                }
+                let slot = u32::try_from(i).unwrap_or(u32::MAX);
+                k.put_backend(g.id, slot, b).map_err(|err| {
+                    e(
+                        &format!("backend {}:{} of {}", b.addr, b.port, gk.port),
+                        err,
+                    )
+                })?;
+                report.backends_written += 1;
+                if i < g.slots.len() {
+                    g.slots[i] = *b;
+                } else {
+                    g.slots.push(*b);
+                }
+            }
+        }
+        // 3. The flips.
+        for (fk, (gk, flags, aff)) in &want.frontends {
+            let (Some(g), Some(n)) = (self.groups.get(gk), want.groups.get(gk)) else {
+                continue;
+            };
+            let v = FeVal {
+                id: g.id,
+                count: u32::try_from(n.len()).unwrap_or(u32::MAX),
+                flags: *flags,
+                affinity_s: *aff,
+            };
+            if self.frontends.get(fk) == Some(&v) {
+                continue;
+            }
+            k.put_frontend(fk, &v).map_err(|err| {
+                e(
+                    &format!(
+                        "frontend {}:{}/{} of {}",
+                        fk.addr, fk.port, fk.proto, gk.port
+                    ),
+                    err,
+                )
+            })?;
+            report.frontends_written += 1;
+            self.frontends.insert(*fk, v);
+        }
+        // 4. Frontends gone.
+        let gone: Vec<FeKey> = self
+            .frontends
+            .keys()
+            .filter(|fk| !want.frontends.contains_key(fk))
+            .copied()
+            .collect();
+        for fk in gone {
+            k.del_frontend(&fk)
+                .map_err(|err| e(&format!("deleting frontend {}:{}", fk.addr, fk.port), err))?;
+            report.frontends_deleted += 1;
+            self.frontends.remove(&fk);
+        }
+        // 5. Slots no count covers any more, deleted next time.
+        let groups = std::mem::take(&mut self.groups);
+        for (gk, mut g) in groups {
+            match want.groups.get(&gk) {
+                Some(n) => {
+                    for slot in n.len()..g.slots.len() {
+                        self.pending.insert((g.id, slot as u32));
+                    }
+                    g.slots.truncate(n.len());
+                    self.groups.insert(gk, g);
+                }
+                None => {
+                    for slot in 0..g.slots.len() {
+                        self.pending.insert((g.id, slot as u32));
+                    }
+                    self.retired.insert(g.id);
+                }
+            }
+        }
+        self.pending.extend(self.adopted.drain(..));
+        Ok(report)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SvcMapError {
+    #[error("service map {map} at {path}: {reason} (is the eBPF program object loaded?)")]
+    Open {
+        map: &'static str,
+        path: String,
+        reason: String,
+    },
+    #[error("service map {map}: {source}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+}
+
+/// The service maps, opened from the pins the policy object's load created.
+pub struct SvcMaps {
+    fe: HashMap<MapData, [u8; FE_KEY_SIZE], [u8; FE_VAL_SIZE]>,
+    be: HashMap<MapData, [u8; BE_KEY_SIZE], [u8; BE_VAL_SIZE]>,
+    ct: HashMap<MapData, [u8; SVC_CT_KEY_SIZE], [u8; SVC_CT_VAL_SIZE]>,
+    aff: HashMap<MapData, [u8; AFF_KEY_SIZE], [u8; AFF_VAL_SIZE]>,
+}
+
+fn open_hash<const K: usize, const V: usize>(
+    dir: &Path,
+    name: &'static str,
+    lru: bool,
+) -> Result<HashMap<MapData, [u8; K], [u8; V]>, SvcMapError> {
+    let path = dir.join(name);
+    let bad = |reason: String| SvcMapError::Open {
+        map: name,
+        path: path.display().to_string(),
+        reason,
+    };
+    let data = MapData::from_pin(&path).map_err(|e| bad(e.to_string()))?;
+    let map = if lru {
+        Map::LruHashMap(data)
+    } else {
+        Map::HashMap(data)
+    };
+    HashMap::try_from(map).map_err(|e| bad(e.to_string()))
+}
+
+/// Not-found on delete is success: the entry is gone either way.
+fn gone_ok(r: Result<(), MapError>) -> Result<(), MapError> {
+    match r {
+        Err(MapError::KeyNotFound) | Err(MapError::ElementNotFound) => Ok(()),
+        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(2) => Ok(()),
+        other => other,
+    }
+}
+
+impl SvcMaps {
+    pub fn open(pin_dir: &Path) -> Result<SvcMaps, SvcMapError> {
+        Ok(SvcMaps {
+            fe: open_hash(pin_dir, "mgy_svc_fe", false)?,
+            be: open_hash(pin_dir, "mgy_svc_be", false)?,
+            ct: open_hash(pin_dir, "mgy_svc_ct", true)?,
+            aff: open_hash(pin_dir, "mgy_svc_aff", true)?,
+        })
+    }
+
+    /// What the maps hold (a previous run's frontends and backend slots), for
+    /// [`SvcSyncer::adopt`]. The maps' sizes bound it.
+    pub fn restored(&self) -> (Vec<(FeKey, FeVal)>, Vec<(u32, u32)>) {
+        let fe = self
+            .fe
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (FeKey::decode(&k), FeVal::decode(&v)))
+            .collect();
+        let be = self
+            .be
+            .keys()
+            .filter_map(Result::ok)
+            .map(|k| decode_be_key(&k))
+            .collect();
+        (fe, be)
+    }
+
+    /// Every NAT conntrack entry (bounded by the map's size).
+    pub fn nat_entries(&self) -> Vec<NatEntry> {
+        self.ct
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| NatEntry::decode(&k, &v))
+            .collect()
+    }
+
+    /// Deletes ClientIP affinity entries whose group is gone or no longer has their backend
+    /// (the program never deletes them; a stale one would send a client to a backend that
+    /// left). One pass over the map (its size bounds the work). Returns how many.
+    pub fn affinity_gc(&mut self, groups: &BTreeMap<u32, BTreeSet<BeVal>>) -> usize {
+        let stale: Vec<[u8; AFF_KEY_SIZE]> = self
+            .aff
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(k, v)| {
+                let id = u32::from_ne_bytes([k[4], k[5], k[6], k[7]]);
+                let be = BeVal {
+                    addr: Ipv4Addr::new(v[8], v[9], v[10], v[11]),
+                    port: u16::from_be_bytes([v[12], v[13]]),
+                };
+                !groups.get(&id).is_some_and(|g| g.contains(&be))
+            })
+            .map(|(k, _)| k)
+            .collect();
+        stale
+            .iter()
+            .filter(|k| gone_ok(self.aff.remove(k)).is_ok())
+            .count()
+    }
+}
+
+impl SvcKernel for SvcMaps {
+    type Error = SvcMapError;
+
+    fn put_frontend(&mut self, k: &FeKey, v: &FeVal) -> Result<(), SvcMapError> {
+        self.fe
+            .insert(k.encode(), v.encode(), 0)
+            .map_err(|source| SvcMapError::Map {
+                map: "mgy_svc_fe",
+                source,
+            })
+    }
+
+    fn del_frontend(&mut self, k: &FeKey) -> Result<(), SvcMapError> {
+        gone_ok(self.fe.remove(&k.encode())).map_err(|source| SvcMapError::Map {
+            map: "mgy_svc_fe",
+            source,
+        })
+    }
+
+    fn put_backend(&mut self, id: u32, slot: u32, v: &BeVal) -> Result<(), SvcMapError> {
+        self.be
+            .insert(be_key(id, slot), v.encode(), 0)
+            .map_err(|source| SvcMapError::Map {
+                map: "mgy_svc_be",
+                source,
+            })
+    }
+
+    fn del_backend(&mut self, id: u32, slot: u32) -> Result<(), SvcMapError> {
+        gone_ok(self.be.remove(&be_key(id, slot))).map_err(|source| SvcMapError::Map {
+            map: "mgy_svc_be",
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use margay_calc::services::Frontend;
+
+    /// Records writes in order; can fail the n-th one.
+    #[derive(Default)]
+    struct Fake {
+        fe: BTreeMap<FeKey, FeVal>,
+        be: BTreeMap<(u32, u32), BeVal>,
+        log: Vec<String>,
+        fail_at: Option<usize>,
+    }
+
+    impl Fake {
+        fn step(&mut self, what: String) -> Result<(), String> {
+            if self.fail_at == Some(self.log.len()) {
+                self.fail_at = None;
+                return Err(format!("injected failure at {what}"));
+            }
+            self.log.push(what);
+            Ok(())
+        }
+
+        /// Every frontend's count is covered by written slots.
+        fn consistent(&self) -> bool {
+            self.fe
+                .values()
+                .all(|v| (0..v.count).all(|s| self.be.contains_key(&(v.id, s))))
+        }
+    }
+
+    impl SvcKernel for Fake {
+        type Error = String;
+        fn put_frontend(&mut self, k: &FeKey, v: &FeVal) -> Result<(), String> {
+            self.step(format!("fe {}:{} count {}", k.addr, k.port, v.count))?;
+            self.fe.insert(*k, *v);
+            assert!(
+                self.consistent(),
+                "a frontend's count covers an unwritten slot"
+            );
+            Ok(())
+        }
+        fn del_frontend(&mut self, k: &FeKey) -> Result<(), String> {
+            self.step(format!("del fe {}:{}", k.addr, k.port))?;
+            self.fe.remove(k);
+            Ok(())
+        }
+        fn put_backend(&mut self, id: u32, slot: u32, v: &BeVal) -> Result<(), String> {
+            self.step(format!("be {id}/{slot} {}", v.addr))?;
+            self.be.insert((id, slot), *v);
+            Ok(())
+        }
+        fn del_backend(&mut self, id: u32, slot: u32) -> Result<(), String> {
+            self.step(format!("del be {id}/{slot}"))?;
+            self.be.remove(&(id, slot));
+            assert!(self.consistent(), "a slot still counted was deleted");
+            Ok(())
+        }
+    }
+
+    fn id(name: &str, proto: PortProtocol) -> ServicePortId {
+        ServicePortId {
+            namespace: "prod".into(),
+            name: name.into(),
+            port_name: "http".into(),
+            protocol: proto,
+        }
+    }
+
+    fn port(vip: [u8; 4], backends: &[u8], affinity: Option<u32>) -> Arc<ServicePort> {
+        let bes: Vec<Backend> = backends
+            .iter()
+            .map(|b| Backend {
+                addr: IpAddr::V4(Ipv4Addr::new(10, 65, 0, *b)),
+                port: 8080,
+            })
+            .collect();
+        Arc::new(ServicePort {
+            frontends: vec![Frontend {
+                kind: FrontendKind::ClusterIp,
+                addr: IpAddr::V4(Ipv4Addr::from(vip)),
+                port: 80,
+            }],
+            node_port: None,
+            cluster_backends: bes.clone(),
+            local_backends: bes,
+            external_local: false,
+            internal_local: false,
+            affinity_timeout: affinity,
+        })
+    }
+
+    fn model(list: &[(&str, [u8; 4], &[u8])]) -> BTreeMap<ServicePortId, Arc<ServicePort>> {
+        list.iter()
+            .map(|(n, vip, b)| (id(n, PortProtocol::Tcp), port(*vip, b, None)))
+            .collect()
+    }
+
+    #[test]
+    fn codecs_round_trip_in_the_programs_byte_order() {
+        let k = FeKey {
+            addr: Ipv4Addr::new(10, 96, 0, 10),
+            port: 80,
+            proto: 6,
+        };
+        assert_eq!(k.encode(), [10, 96, 0, 10, 0, 80, 6, 0]);
+        assert_eq!(FeKey::decode(&k.encode()), k);
+        let v = FeVal {
+            id: 7,
+            count: 3,
+            flags: F_AFFINITY,
+            affinity_s: 10800,
+        };
+        assert_eq!(FeVal::decode(&v.encode()), v);
+        let b = BeVal {
+            addr: Ipv4Addr::new(10, 65, 0, 1),
+            port: 8080,
+        };
+        assert_eq!(b.encode(), [10, 65, 0, 1, 0x1f, 0x90, 0, 0]);
+        assert_eq!(decode_be_key(&be_key(5, 9)), (5, 9));
+    }
+
+    #[test]
+    fn a_service_is_backends_then_one_frontend_write_and_changes_are_incremental() {
+        let mut s = SvcSyncer::new();
+        let mut k = Fake::default();
+        let m = model(&[("web", [10, 96, 0, 10], &[1, 2, 3])]);
+        let r = s.sync(&m, &mut k).unwrap();
+        assert_eq!((r.backends_written, r.frontends_written), (3, 1));
+        assert_eq!(
+            k.log,
+            [
+                "be 1/0 10.65.0.1",
+                "be 1/1 10.65.0.2",
+                "be 1/2 10.65.0.3",
+                "fe 10.96.0.10:80 count 3"
+            ]
+        );
+        // Nothing changed: nothing written.
+        k.log.clear();
+        let r = s.sync(&m, &mut k).unwrap();
+        assert_eq!(r, SvcReport::default());
+        assert!(k.log.is_empty());
+        // One endpoint more: one slot, then one frontend write.
+        let m = model(&[("web", [10, 96, 0, 10], &[1, 2, 3, 4])]);
+        s.sync(&m, &mut k).unwrap();
+        assert_eq!(k.log, ["be 1/3 10.65.0.4", "fe 10.96.0.10:80 count 4"]);
+        // Scaled to one: the count drops first, the slots go at the next sync.
+        k.log.clear();
+        let m = model(&[("web", [10, 96, 0, 10], &[4])]);
+        s.sync(&m, &mut k).unwrap();
+        assert_eq!(k.log, ["be 1/0 10.65.0.4", "fe 10.96.0.10:80 count 1"]);
+        assert_eq!(k.be.len(), 4);
+        k.log.clear();
+        s.sync(&m, &mut k).unwrap();
+        assert_eq!(k.log, ["del be 1/1", "del be 1/2", "del be 1/3"]);
+        // Scaled to zero: count 0 (the program rejects).
+        k.log.clear();
+        let m = model(&[("web", [10, 96, 0, 10], &[])]);
+        s.sync(&m, &mut k).unwrap();
+        assert_eq!(k.log, ["fe 10.96.0.10:80 count 0"]);
+        // Removed: the frontend at once (after the slot count 0 left uncovered), the
+        // group's id at the next sync.
+        k.log.clear();
+        s.sync(&BTreeMap::new(), &mut k).unwrap();
+        assert_eq!(k.log, ["del be 1/0", "del fe 10.96.0.10:80"]);
+        s.sync(&BTreeMap::new(), &mut k).unwrap();
+        assert!(k.fe.is_empty() && k.be.is_empty(), "{:?}", k.be);
+        assert_eq!(s.num_frontends(), 0);
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_record_exact_and_the_next_sync_finishes() {
+        let m = model(&[
+            ("a", [10, 96, 0, 1], &[1, 2]),
+            ("b", [10, 96, 0, 2], &[3, 4, 5]),
+        ]);
+        for fail_at in 0..7 {
+            let mut s = SvcSyncer::new();
+            let mut k = Fake {
+                fail_at: Some(fail_at),
+                ..Fake::default()
+            };
+            assert!(s.sync(&m, &mut k).is_err(), "write {fail_at} should fail");
+            s.sync(&m, &mut k).unwrap();
+            assert_eq!(k.fe.len(), 2, "fail at {fail_at}");
+            assert_eq!(k.be.len(), 5, "fail at {fail_at}");
+            assert!(k.consistent());
+            k.log.clear();
+            assert_eq!(s.sync(&m, &mut k).unwrap(), SvcReport::default());
+        }
+    }
+
+    #[test]
+    fn affinity_ipv6_sctp_duplicates_and_adoption() {
+        let mut m = BTreeMap::new();
+        m.insert(
+            id("sticky", PortProtocol::Udp),
+            port([10, 96, 0, 53], &[1], Some(60)),
+        );
+        m.insert(
+            id("sctp", PortProtocol::Sctp),
+            port([10, 96, 0, 9], &[1], None),
+        );
+        // Another service claiming the same frontend is refused, named.
+        m.insert(
+            id("zz-dup", PortProtocol::Udp),
+            port([10, 96, 0, 53], &[2], None),
+        );
+        let mut v6 = (*port([0, 0, 0, 0], &[1], None)).clone();
+        v6.frontends[0].addr = "fd00::10".parse().unwrap();
+        m.insert(id("v6", PortProtocol::Tcp), Arc::new(v6));
+        let d = desired(&m);
+        assert_eq!(d.frontends.len(), 1, "{d:?}");
+        let (_, (_, flags, aff)) = d.frontends.iter().next().unwrap();
+        assert_eq!((*flags, *aff), (F_AFFINITY, 60));
+        assert!(d.refused[0].contains("zz-dup"), "{:?}", d.refused);
+
+        // A restart: the old run's frontends are replaced in one write each, its slots
+        // deleted after, new ids above the old ones.
+        let mut k = Fake::default();
+        let old = FeKey {
+            addr: Ipv4Addr::new(10, 96, 0, 53),
+            port: 80,
+            proto: PROTO_UDP,
+        };
+        let gone = FeKey {
+            addr: Ipv4Addr::new(10, 96, 0, 99),
+            port: 80,
+            proto: PROTO_UDP,
+        };
+        let b = BeVal {
+            addr: Ipv4Addr::new(10, 65, 0, 1),
+            port: 8080,
+        };
+        for (fk, id) in [(old, 40), (gone, 41)] {
+            k.fe.insert(
+                fk,
+                FeVal {
+                    id,
+                    count: 1,
+                    ..FeVal::default()
+                },
+            );
+            k.be.insert((id, 0), b);
+        }
+        let mut s = SvcSyncer::new();
+        s.adopt(
+            k.fe.iter().map(|(a, b)| (*a, *b)).collect(),
+            k.be.keys().copied().collect(),
+        );
+        s.sync(&m, &mut k).unwrap();
+        assert_eq!(k.fe[&old].id, 42);
+        assert!(!k.fe.contains_key(&gone));
+        s.sync(&m, &mut k).unwrap();
+        assert_eq!(k.be.keys().copied().collect::<Vec<_>>(), [(42, 0)]);
+    }
+}
