@@ -662,7 +662,10 @@ int mgy_from_wl(struct __sk_buff *skb)
 	int v = svc_from_wl(skb);
 	if (v != SVC_CONTINUE)
 		return v;
-	return policy(skb, HOOK_FROM_WL);
+	v = policy(skb, HOOK_FROM_WL);
+	if (v == TC_ACT_OK)
+		v = svc_from_wl_after(skb); // a local backend's reply to external traffic
+	return v;
 }
 
 SEC("classifier")
@@ -673,6 +676,8 @@ int mgy_to_wl(struct __sk_buff *skb)
 	int v = policy(skb, HOOK_TO_WL);
 	if (v == TC_ACT_OK)
 		v = svc_to_wl(skb);
+	if (v == TC_ACT_OK)
+		v = svc_snat(skb); // external traffic to a local backend (NodePort, Cluster)
 	return v;
 }
 

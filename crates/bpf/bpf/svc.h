@@ -12,6 +12,8 @@
 #define SVC_CONTINUE (-100) // not a verdict: go on with policy
 
 #define SVC_F_AFFINITY 0x1 // sessionAffinity ClientIP (timeout in affinity_s)
+#define SVC_F_SNAT 0x2     // external traffic, externalTrafficPolicy Cluster: the source becomes
+			   // the node's address (the frontend's), so replies come back here
 
 #define SVC_DIR_FWD 0
 #define SVC_DIR_REV 1
@@ -110,6 +112,44 @@ struct {
 	__uint(max_entries, 65536);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } mgy_svc_aff SEC(".maps");
+
+// Frontends as traffic from outside the node meets them on the node's data interfaces
+// (mgy_host_in): NodePorts on each node address, ExternalIPs, LoadBalancer addresses; their
+// groups hold the external backends (this node's under externalTrafficPolicy Local).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__type(key, struct svc_fe_key);
+	__type(value, struct svc_fe_val);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_svc_ext SEC(".maps");
+
+// NAT state of external flows, keyed by the packet it applies to:
+// - FWD (client → frontend, on the data interface's ingress): the new destination (the
+//   backend); the kernel routes the packet, whose source is still the client's;
+// - SNAT (client → backend, where it leaves: the local backend's to_wl hook after its
+//   policy, or a data interface's egress): the new source (the node's address), under
+//   externalTrafficPolicy Cluster — after routing, so the node's own address never meets
+//   the kernel's input path (it would drop it as a martian);
+// - REV (the backend's reply): the new destination (the client) and source (the frontend),
+//   then sent straight out of the interface the client's packet came in on (ifindex).
+#define SVC_DIR_SNAT 2
+
+struct svc_np_val {
+	__u64 last_seen_ns;
+	__u32 daddr, saddr;
+	__u16 dport, sport;
+	__u32 ifindex;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__type(key, struct svc_ct_key);
+	__type(value, struct svc_np_val);
+	__uint(max_entries, 65536);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} mgy_svc_np SEC(".maps");
 
 // The fields NAT needs; only unfragmented IPv4 TCP/UDP with a 20-byte header is translated.
 struct svc_pkt {
@@ -232,6 +272,34 @@ static __always_inline int svc_reject(struct __sk_buff *skb)
 	return bpf_redirect(skb->ifindex, 0);
 }
 
+// The backend for a new flow: the client's affinity entry while it lasts, else a random
+// slot (and, with affinity, a new entry).
+static __always_inline int svc_pick(__u32 id, __u32 count, __u32 flags, __u32 affinity_s,
+				    __u32 client, __u64 now, struct svc_be_val *be)
+{
+	struct svc_aff_key ak = {.client = client, .id = id};
+	if (flags & SVC_F_AFFINITY) {
+		struct svc_aff_val *av = bpf_map_lookup_elem(&mgy_svc_aff, &ak);
+		if (av && now - av->ts_ns <= (__u64)affinity_s * SEC_NS) {
+			be->addr = av->addr;
+			be->port = av->port;
+			return 0;
+		}
+	}
+	if (count == 0)
+		return -1;
+	struct svc_be_key bk = {.id = id, .slot = bpf_get_prandom_u32() % count};
+	struct svc_be_val *b = bpf_map_lookup_elem(&mgy_svc_be, &bk);
+	if (!b)
+		return -1;
+	*be = *b;
+	if (flags & SVC_F_AFFINITY) {
+		struct svc_aff_val av = {.ts_ns = now, .addr = be->addr, .port = be->port};
+		bpf_map_update_elem(&mgy_svc_aff, &ak, &av, BPF_ANY);
+	}
+	return 0;
+}
+
 static __always_inline int svc_ct_put(const struct svc_pkt *p, __u32 be_addr, __u16 be_port,
 					__u64 now)
 {
@@ -262,6 +330,16 @@ __attribute__((noinline)) int svc_from_wl(struct __sk_buff *skb)
 	if (svc_parse(skb, &p) < 0)
 		return SVC_CONTINUE;
 	__u64 now = bpf_ktime_get_ns();
+	// A local backend's reply to a SNATed external flow: back to the client's address
+	// before the egress policy; svc_from_wl_after does the rest.
+	struct svc_ct_key nk = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
+				.dport = p.dport, .proto = p.proto, .dir = SVC_DIR_REV};
+	struct svc_np_val *ne = bpf_map_lookup_elem(&mgy_svc_np, &nk);
+	if (ne && ne->daddr != p.daddr) {
+		if (svc_rewrite(skb, &p, 1, ne->daddr, p.dport) < 0)
+			return TC_ACT_SHOT;
+		return SVC_CONTINUE;
+	}
 	struct svc_ct_key fk = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
 				.dport = p.dport, .proto = p.proto, .dir = SVC_DIR_FWD};
 	struct svc_ct_val *cv = bpf_map_lookup_elem(&mgy_svc_ct, &fk);
@@ -282,27 +360,8 @@ __attribute__((noinline)) int svc_from_wl(struct __sk_buff *skb)
 	if (count == 0)
 		return svc_reject(skb);
 	struct svc_be_val be = {};
-	int have = 0;
-	struct svc_aff_key ak = {.client = p.saddr, .id = id};
-	if (fe->flags & SVC_F_AFFINITY) {
-		struct svc_aff_val *av = bpf_map_lookup_elem(&mgy_svc_aff, &ak);
-		if (av && now - av->ts_ns <= (__u64)fe->affinity_s * SEC_NS) {
-			be.addr = av->addr;
-			be.port = av->port;
-			have = 1;
-		}
-	}
-	if (!have) {
-		struct svc_be_key bk = {.id = id, .slot = bpf_get_prandom_u32() % count};
-		struct svc_be_val *b = bpf_map_lookup_elem(&mgy_svc_be, &bk);
-		if (!b)
-			return TC_ACT_SHOT; // a hole (a torn write or a bug): fail closed
-		be = *b;
-		if (fe->flags & SVC_F_AFFINITY) {
-			struct svc_aff_val av = {.ts_ns = now, .addr = be.addr, .port = be.port};
-			bpf_map_update_elem(&mgy_svc_aff, &ak, &av, BPF_ANY);
-		}
-	}
+	if (svc_pick(id, count, fe->flags, fe->affinity_s, p.saddr, now, &be) < 0)
+		return TC_ACT_SHOT; // a hole (a torn write or a bug): fail closed
 	if (svc_ct_put(&p, be.addr, be.port, now) < 0)
 		return TC_ACT_SHOT;
 	if (svc_rewrite(skb, &p, 1, be.addr, be.port) < 0)
@@ -326,4 +385,133 @@ __attribute__((noinline)) int svc_to_wl(struct __sk_buff *skb)
 	if (svc_rewrite(skb, &p, 0, cv->addr, cv->port) < 0)
 		return TC_ACT_SHOT;
 	return TC_ACT_OK;
+}
+
+// An external flow's reply: both addresses back, then out of the interface the client's
+// packet came in on (the kernel resolves the next hop).
+static __always_inline int svc_np_reply(struct __sk_buff *skb, const struct svc_pkt *p,
+					const struct svc_np_val *v)
+{
+	if (svc_rewrite(skb, p, 1, v->daddr, v->dport) < 0)
+		return TC_ACT_SHOT;
+	if (svc_rewrite(skb, p, 0, v->saddr, v->sport) < 0)
+		return TC_ACT_SHOT;
+	return bpf_redirect_neigh(v->ifindex, 0, 0, 0);
+}
+
+// Traffic arriving on a data interface (the uplink, the VXLAN device): a reply of an external
+// flow (from a backend on another node), a packet of one, or a new one to an external
+// frontend (NodePort, ExternalIP, LoadBalancer address). Everything else passes untouched.
+__attribute__((noinline)) int svc_host_in(struct __sk_buff *skb)
+{
+	struct svc_pkt p = {};
+	if (!skb || svc_parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	__u64 now = bpf_ktime_get_ns();
+	struct svc_ct_key k = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
+			       .dport = p.dport, .proto = p.proto, .dir = SVC_DIR_REV};
+	struct svc_np_val *e = bpf_map_lookup_elem(&mgy_svc_np, &k);
+	if (e) {
+		e->last_seen_ns = now;
+		struct svc_np_val c = *e;
+		return svc_np_reply(skb, &p, &c);
+	}
+	k.dir = SVC_DIR_FWD;
+	e = bpf_map_lookup_elem(&mgy_svc_np, &k);
+	if (e) {
+		__u64 t = p.proto == IPPROTO_TCP ? SVC_NAT_TCP_TIMEOUT : SVC_NAT_OTHER_TIMEOUT;
+		if (now - e->last_seen_ns <= t) {
+			e->last_seen_ns = now;
+			if (svc_rewrite(skb, &p, 1, e->daddr, e->dport) < 0)
+				return TC_ACT_SHOT;
+			return TC_ACT_OK;
+		}
+	}
+	struct svc_fe_key fk = {.addr = p.daddr, .port = p.dport, .proto = p.proto};
+	struct svc_fe_val *fe = bpf_map_lookup_elem(&mgy_svc_ext, &fk);
+	if (!fe)
+		return TC_ACT_OK;
+	__u32 id = fe->id, count = fe->count, flags = fe->flags, aff = fe->affinity_s;
+	if (count == 0)
+		return svc_reject(skb);
+	struct svc_be_val be = {};
+	if (svc_pick(id, count, flags, aff, p.saddr, now, &be) < 0)
+		return TC_ACT_SHOT;
+	__u32 nsrc = (flags & SVC_F_SNAT) ? p.daddr : p.saddr;
+	struct svc_ct_key rk = {.saddr = be.addr, .daddr = nsrc, .sport = be.port,
+				.dport = p.sport, .proto = p.proto, .dir = SVC_DIR_REV};
+	struct svc_np_val rv = {.last_seen_ns = now, .daddr = p.saddr, .dport = p.sport,
+				.saddr = p.daddr, .sport = p.dport, .ifindex = skb->ifindex};
+	struct svc_np_val fv = {.last_seen_ns = now, .daddr = be.addr, .dport = be.port};
+	if (bpf_map_update_elem(&mgy_svc_np, &rk, &rv, BPF_ANY) < 0)
+		return TC_ACT_SHOT;
+	if (flags & SVC_F_SNAT) {
+		struct svc_ct_key sk = {.saddr = p.saddr, .daddr = be.addr, .sport = p.sport,
+					.dport = be.port, .proto = p.proto, .dir = SVC_DIR_SNAT};
+		struct svc_np_val sv = {.last_seen_ns = now, .saddr = nsrc, .sport = p.sport};
+		// A local backend's reply is un-SNATed before its egress policy (which then sees
+		// the reply of the flow its ingress policy judged, client → backend) and leaves
+		// by this entry.
+		rk.daddr = p.saddr;
+		if (bpf_map_update_elem(&mgy_svc_np, &rk, &rv, BPF_ANY) < 0)
+			return TC_ACT_SHOT;
+		rk.daddr = nsrc;
+		if (bpf_map_update_elem(&mgy_svc_np, &sk, &sv, BPF_ANY) < 0)
+			return TC_ACT_SHOT;
+	}
+	if (bpf_map_update_elem(&mgy_svc_np, &k, &fv, BPF_ANY) < 0)
+		return TC_ACT_SHOT;
+	if (svc_rewrite(skb, &p, 1, be.addr, be.port) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
+// Where an external flow leaves toward its backend (a data interface's egress, or a local
+// backend's to_wl hook after its policy): the source becomes the node's address under
+// externalTrafficPolicy Cluster.
+__attribute__((noinline)) int svc_snat(struct __sk_buff *skb)
+{
+	struct svc_pkt p = {};
+	if (!skb || svc_parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	struct svc_ct_key k = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
+			       .dport = p.dport, .proto = p.proto, .dir = SVC_DIR_SNAT};
+	struct svc_np_val *e = bpf_map_lookup_elem(&mgy_svc_np, &k);
+	if (!e)
+		return TC_ACT_OK;
+	e->last_seen_ns = bpf_ktime_get_ns();
+	if (svc_rewrite(skb, &p, 0, e->saddr, e->sport) < 0)
+		return TC_ACT_SHOT;
+	return TC_ACT_OK;
+}
+
+// From a workload, after its egress policy allowed the packet: a local backend's reply to an
+// external flow goes back to the client from the frontend.
+__attribute__((noinline)) int svc_from_wl_after(struct __sk_buff *skb)
+{
+	struct svc_pkt p = {};
+	if (!skb || svc_parse(skb, &p) < 0)
+		return TC_ACT_OK;
+	struct svc_ct_key k = {.saddr = p.saddr, .daddr = p.daddr, .sport = p.sport,
+			       .dport = p.dport, .proto = p.proto, .dir = SVC_DIR_REV};
+	struct svc_np_val *e = bpf_map_lookup_elem(&mgy_svc_np, &k);
+	if (!e)
+		return TC_ACT_OK;
+	e->last_seen_ns = bpf_ktime_get_ns();
+	struct svc_np_val c = *e;
+	return svc_np_reply(skb, &p, &c);
+}
+
+// On the node's data interfaces: external traffic to Services (ingress), and its source
+// translation on the way to a backend on another node (egress).
+SEC("classifier")
+int mgy_host_in(struct __sk_buff *skb)
+{
+	return svc_host_in(skb);
+}
+
+SEC("classifier")
+int mgy_host_out(struct __sk_buff *skb)
+{
+	return svc_snat(skb);
 }

@@ -122,6 +122,9 @@ struct Attached {
 }
 
 const PROGS: [&str; 2] = ["mgy_from_wl", "mgy_to_wl"];
+/// Services for traffic on the node's data interfaces (NodePorts, external IPs): tc ingress
+/// (DNAT, replies) and egress (SNAT toward backends on other nodes).
+const HOST_PROGS: [&str; 2] = ["mgy_host_in", "mgy_host_out"];
 const HOOKS: [TcAttachType; 2] = [TcAttachType::Ingress, TcAttachType::Egress];
 /// Link pins are `<pin_dir>/links/<hook>-<iface>` (bpffs refuses names with a dot: a dot in
 /// the interface name is written `%2e`, a percent sign `%25`).
@@ -169,6 +172,9 @@ pub struct BpfMaps {
     link_restore: LinkRestore,
     /// The kernel's tags (instruction hashes) of the programs as loaded now.
     tags: [u64; 2],
+    /// Data interfaces with the Services program (`mgy_host_in`, TCX ingress; not pinned:
+    /// detached when the loader is dropped, attached again by the next run).
+    host: BTreeMap<String, (u32, Vec<(usize, SchedClassifierLinkId)>)>,
 }
 
 fn map_err(map: &'static str) -> impl FnOnce(MapError) -> KernelError {
@@ -220,6 +226,18 @@ impl BpfMaps {
                 .info()
                 .map_err(|e| LoadError::Object(format!("{prog}: {e}")))?
                 .tag();
+        }
+        // The Services programs for the node's data interfaces (svc.h).
+        for prog in HOST_PROGS {
+            let p: &mut SchedClassifier = ebpf
+                .program_mut(prog)
+                .ok_or(LoadError::Missing(prog))?
+                .try_into()
+                .map_err(|e| LoadError::Object(format!("{prog}: {e}")))?;
+            p.load().map_err(|e| LoadError::Verifier {
+                prog,
+                reason: verifier_text(&e),
+            })?;
         }
         let take = |ebpf: &mut Ebpf, name: &'static str| {
             ebpf.take_map(name).ok_or(LoadError::Missing(name))
@@ -290,6 +308,7 @@ impl BpfMaps {
             restored: Some(restored),
             link_restore: LinkRestore::default(),
             tags,
+            host: BTreeMap::new(),
         };
         maps.adopt_links(replace_programs);
         Ok(maps)
@@ -461,6 +480,77 @@ impl BpfMaps {
         for n in names {
             self.detach(&n);
         }
+    }
+
+    /// Attaches the Services programs to a data interface (TCX, else tc clsact); nothing
+    /// when they are attached there already.
+    pub fn attach_host(&mut self, iface: &str, ifindex: u32) -> Result<(), KernelError> {
+        if self.host.get(iface).is_some_and(|(i, _)| *i == ifindex) {
+            return Ok(());
+        }
+        self.detach_host(iface);
+        let mut links = Vec::new();
+        for (h, name) in HOST_PROGS.into_iter().enumerate() {
+            let r = match self
+                .ebpf
+                .program_mut(name)
+                .and_then(|p| TryInto::<&mut SchedClassifier>::try_into(p).ok())
+            {
+                Some(prog) => match prog.attach_with_options(
+                    iface,
+                    HOOKS[h],
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                ) {
+                    Ok(id) => Ok(id),
+                    Err(tcx) => {
+                        let _ = aya::programs::tc::qdisc_add_clsact(iface);
+                        prog.attach_with_options(
+                            iface,
+                            HOOKS[h],
+                            TcAttachOptions::Netlink(NlOptions::default()),
+                        )
+                        .map_err(|tc| (format!("{tcx:#}"), format!("{tc:#}")))
+                    }
+                },
+                None => Err(("program missing".into(), "program missing".into())),
+            };
+            match r {
+                Ok(id) => links.push((h, id)),
+                Err((tcx, tc)) => {
+                    self.host.insert(iface.to_string(), (ifindex, links));
+                    self.detach_host(iface);
+                    return Err(KernelError::Attach {
+                        iface: iface.to_string(),
+                        tcx,
+                        tc,
+                    });
+                }
+            }
+        }
+        self.host.insert(iface.to_string(), (ifindex, links));
+        Ok(())
+    }
+
+    /// Detaches the Services programs from a data interface (gone or no longer matching).
+    pub fn detach_host(&mut self, iface: &str) {
+        let Some((_, links)) = self.host.remove(iface) else {
+            return;
+        };
+        for (h, id) in links {
+            if let Some(p) = self
+                .ebpf
+                .program_mut(HOST_PROGS[h])
+                .and_then(|p| TryInto::<&mut SchedClassifier>::try_into(p).ok())
+            {
+                // The interface may be gone, taking the attachment with it.
+                let _ = p.detach(id);
+            }
+        }
+    }
+
+    /// Data interfaces with the Services programs.
+    pub fn host_attached(&self) -> impl Iterator<Item = (&String, u32)> {
+        self.host.iter().map(|(n, (i, _))| (n, *i))
     }
 
     pub fn pin_dir(&self) -> &Path {

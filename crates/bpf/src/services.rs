@@ -34,6 +34,10 @@ pub const MAX_BACKENDS: usize = 262_144;
 
 /// `svc_fe_val.flags`: sessionAffinity ClientIP.
 pub const F_AFFINITY: u32 = 0x1;
+/// `svc_fe_val.flags` of an external frontend under externalTrafficPolicy Cluster: the
+/// client's address is replaced by the node's (kube-proxy masquerades it), so the reply
+/// comes back through this node.
+pub const F_SNAT: u32 = 0x2;
 
 const PROTO_TCP: u8 = 6;
 const PROTO_UDP: u8 = 17;
@@ -176,7 +180,11 @@ pub struct GroupKey {
 /// What the maps should hold for a model's services.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Desired {
+    /// Frontends for traffic from workloads (`mgy_svc_fe`): (group, flags, affinity).
     pub frontends: BTreeMap<FeKey, (GroupKey, u32, u32)>,
+    /// Frontends for traffic arriving on the node's data interfaces (`mgy_svc_ext`):
+    /// NodePorts on every node address, ExternalIPs, LoadBalancer addresses.
+    pub external: BTreeMap<FeKey, (GroupKey, u32, u32)>,
     pub groups: BTreeMap<GroupKey, Vec<BeVal>>,
     /// Service ports left out, and why.
     pub refused: Vec<String>,
@@ -193,8 +201,14 @@ fn v4(b: &Backend) -> Option<BeVal> {
 /// the workload hook translates) uses the internal backends for a ClusterIP and, as
 /// kube-proxy short-circuits pod traffic to external addresses, the cluster-wide backends
 /// for ExternalIPs and LoadBalancer addresses. IPv6 frontends and backends and SCTP are
-/// left out (the program translates IPv4 TCP and UDP).
-pub fn desired(services: &BTreeMap<ServicePortId, Arc<ServicePort>>) -> Desired {
+/// left out (the program translates IPv4 TCP and UDP). Traffic from outside (on the
+/// node's data interfaces) meets NodePorts on `node_ips`, ExternalIPs and LoadBalancer
+/// addresses, with the external backends: this node's under externalTrafficPolicy Local
+/// (source kept), else all of them with the source replaced by the node's address.
+pub fn desired(
+    services: &BTreeMap<ServicePortId, Arc<ServicePort>>,
+    node_ips: &[Ipv4Addr],
+) -> Desired {
     let mut out = Desired::default();
     let mut backends = 0usize;
     for (id, sp) in services {
@@ -242,8 +256,52 @@ pub fn desired(services: &BTreeMap<ServicePortId, Arc<ServicePort>>) -> Desired 
             });
             fes.push((key, group));
         }
+        // From outside.
+        let ext_group = GroupKey {
+            port: id.clone(),
+            local: sp.external_local,
+        };
+        let mut ext_addrs: Vec<(Ipv4Addr, u16)> = sp
+            .frontends
+            .iter()
+            .filter(|f| f.kind != FrontendKind::ClusterIp)
+            .filter_map(|f| match f.addr {
+                IpAddr::V4(a) => Some((a, f.port)),
+                IpAddr::V6(_) => None,
+            })
+            .collect();
+        if let Some(np) = sp.node_port {
+            ext_addrs.extend(node_ips.iter().map(|ip| (*ip, np)));
+        }
+        let mut exts = Vec::new();
+        for (addr, port) in ext_addrs {
+            let key = FeKey { addr, port, proto };
+            if out.external.contains_key(&key) || exts.iter().any(|(k, _)| *k == key) {
+                out.refused.push(format!(
+                    "{id}: external frontend {addr}:{port} is another service's already"
+                ));
+                continue;
+            }
+            exts.push((key, ext_group.clone()));
+        }
+        if !exts.is_empty() {
+            groups.entry(ext_group.clone()).or_insert_with(|| {
+                let list = if sp.external_local {
+                    &sp.local_backends
+                } else {
+                    &sp.cluster_backends
+                };
+                let mut v: Vec<BeVal> = list.iter().filter_map(v4).collect();
+                v.dedup();
+                v
+            });
+        }
+        let ext_flags = flags | if sp.external_local { 0 } else { F_SNAT };
         let more: usize = groups.values().map(Vec::len).sum();
-        if out.frontends.len() + fes.len() > MAX_FRONTENDS || backends + more > MAX_BACKENDS {
+        if out.frontends.len() + fes.len() > MAX_FRONTENDS
+            || out.external.len() + exts.len() > MAX_FRONTENDS
+            || backends + more > MAX_BACKENDS
+        {
             out.refused.push(format!(
                 "{id}: the service maps are full ({MAX_FRONTENDS} frontends, {MAX_BACKENDS} backends)"
             ));
@@ -252,6 +310,9 @@ pub fn desired(services: &BTreeMap<ServicePortId, Arc<ServicePort>>) -> Desired 
         backends += more;
         for (key, group) in fes {
             out.frontends.insert(key, (group, flags, aff));
+        }
+        for (key, group) in exts {
+            out.external.insert(key, (group, ext_flags, aff));
         }
         out.groups.extend(groups);
     }
@@ -263,6 +324,8 @@ pub trait SvcKernel {
     type Error: fmt::Display;
     fn put_frontend(&mut self, k: &FeKey, v: &FeVal) -> Result<(), Self::Error>;
     fn del_frontend(&mut self, k: &FeKey) -> Result<(), Self::Error>;
+    fn put_external(&mut self, k: &FeKey, v: &FeVal) -> Result<(), Self::Error>;
+    fn del_external(&mut self, k: &FeKey) -> Result<(), Self::Error>;
     fn put_backend(&mut self, id: u32, slot: u32, v: &BeVal) -> Result<(), Self::Error>;
     fn del_backend(&mut self, id: u32, slot: u32) -> Result<(), Self::Error>;
 }
@@ -297,6 +360,7 @@ pub struct SvcReport {
 pub struct SvcSyncer {
     groups: BTreeMap<GroupKey, Group>,
     frontends: BTreeMap<FeKey, FeVal>,
+    external: BTreeMap<FeKey, FeVal>,
     /// (id, slot) to delete at the next sync unless a group covers it again.
     pending: BTreeSet<(u32, u32)>,
     /// Ids whose slots are in `pending`: free once those are gone.
@@ -325,11 +389,20 @@ impl SvcSyncer {
     /// Takes over what a previous run left in the maps: its frontends stay until the first
     /// sync replaces them (one write each, never absent in between), its groups' slots are
     /// deleted after that; new ids start above every id seen.
-    pub fn adopt(&mut self, frontends: Vec<(FeKey, FeVal)>, backends: Vec<(u32, u32)>) {
+    pub fn adopt(
+        &mut self,
+        frontends: Vec<(FeKey, FeVal)>,
+        external: Vec<(FeKey, FeVal)>,
+        backends: Vec<(u32, u32)>,
+    ) {
         let mut max = 0;
         for (k, v) in frontends {
             max = max.max(v.id);
             self.frontends.insert(k, v);
+        }
+        for (k, v) in external {
+            max = max.max(v.id);
+            self.external.insert(k, v);
         }
         for (id, slot) in backends {
             max = max.max(id);
@@ -339,7 +412,7 @@ impl SvcSyncer {
     }
 
     pub fn num_frontends(&self) -> usize {
-        self.frontends.len()
+        self.frontends.len() + self.external.len()
     }
 
     pub fn num_backends(&self) -> usize {
@@ -366,6 +439,7 @@ impl SvcSyncer {
     pub fn sync<K: SvcKernel>(
         &mut self,
         services: &BTreeMap<ServicePortId, Arc<ServicePort>>,
+        node_ips: &[Ipv4Addr],
         k: &mut K,
     ) -> Result<SvcReport, SvcSyncError> {
         let e = |what: &str, err: K::Error| SvcSyncError(format!("{what}: {err}"));
@@ -397,7 +471,7 @@ impl SvcSyncer {
                 self.free.push(id);
             }
         }
-        let want = desired(services);
+        let want = desired(services, node_ips);
         report.refused = want.refused.clone();
         // 2. Backends first: a count never covers a slot not written yet.
         for (gk, backends) in &want.groups {
@@ -433,44 +507,58 @@ impl SvcSyncer {
                 }
             }
         }
-        // 3. The flips.
-        for (fk, (gk, flags, aff)) in &want.frontends {
-            let (Some(g), Some(n)) = (self.groups.get(gk), want.groups.get(gk)) else {
-                continue;
+        // 3. The flips; 4. frontends gone.
+        for external in [false, true] {
+            let (wanted, written) = if external {
+                (&want.external, &mut self.external)
+            } else {
+                (&want.frontends, &mut self.frontends)
             };
-            let v = FeVal {
-                id: g.id,
-                count: u32::try_from(n.len()).unwrap_or(u32::MAX),
-                flags: *flags,
-                affinity_s: *aff,
-            };
-            if self.frontends.get(fk) == Some(&v) {
-                continue;
+            for (fk, (gk, flags, aff)) in wanted {
+                let (Some(g), Some(n)) = (self.groups.get(gk), want.groups.get(gk)) else {
+                    continue;
+                };
+                let v = FeVal {
+                    id: g.id,
+                    count: u32::try_from(n.len()).unwrap_or(u32::MAX),
+                    flags: *flags,
+                    affinity_s: *aff,
+                };
+                if written.get(fk) == Some(&v) {
+                    continue;
+                }
+                let r = if external {
+                    k.put_external(fk, &v)
+                } else {
+                    k.put_frontend(fk, &v)
+                };
+                r.map_err(|err| {
+                    e(
+                        &format!(
+                            "frontend {}:{}/{} of {}",
+                            fk.addr, fk.port, fk.proto, gk.port
+                        ),
+                        err,
+                    )
+                })?;
+                report.frontends_written += 1;
+                written.insert(*fk, v);
             }
-            k.put_frontend(fk, &v).map_err(|err| {
-                e(
-                    &format!(
-                        "frontend {}:{}/{} of {}",
-                        fk.addr, fk.port, fk.proto, gk.port
-                    ),
-                    err,
-                )
-            })?;
-            report.frontends_written += 1;
-            self.frontends.insert(*fk, v);
-        }
-        // 4. Frontends gone.
-        let gone: Vec<FeKey> = self
-            .frontends
-            .keys()
-            .filter(|fk| !want.frontends.contains_key(fk))
-            .copied()
-            .collect();
-        for fk in gone {
-            k.del_frontend(&fk)
-                .map_err(|err| e(&format!("deleting frontend {}:{}", fk.addr, fk.port), err))?;
-            report.frontends_deleted += 1;
-            self.frontends.remove(&fk);
+            let gone: Vec<FeKey> = written
+                .keys()
+                .filter(|fk| !wanted.contains_key(fk))
+                .copied()
+                .collect();
+            for fk in gone {
+                let r = if external {
+                    k.del_external(&fk)
+                } else {
+                    k.del_frontend(&fk)
+                };
+                r.map_err(|err| e(&format!("deleting frontend {}:{}", fk.addr, fk.port), err))?;
+                report.frontends_deleted += 1;
+                written.remove(&fk);
+            }
         }
         // 5. Slots no count covers any more, deleted next time.
         let groups = std::mem::take(&mut self.groups);
@@ -512,9 +600,13 @@ pub enum SvcMapError {
     },
 }
 
+/// A previous run's frontends, external frontends and backend slots.
+pub type Restored = (Vec<(FeKey, FeVal)>, Vec<(FeKey, FeVal)>, Vec<(u32, u32)>);
+
 /// The service maps, opened from the pins the policy object's load created.
 pub struct SvcMaps {
     fe: HashMap<MapData, [u8; FE_KEY_SIZE], [u8; FE_VAL_SIZE]>,
+    ext: HashMap<MapData, [u8; FE_KEY_SIZE], [u8; FE_VAL_SIZE]>,
     be: HashMap<MapData, [u8; BE_KEY_SIZE], [u8; BE_VAL_SIZE]>,
     ct: HashMap<MapData, [u8; SVC_CT_KEY_SIZE], [u8; SVC_CT_VAL_SIZE]>,
     aff: HashMap<MapData, [u8; AFF_KEY_SIZE], [u8; AFF_VAL_SIZE]>,
@@ -553,6 +645,7 @@ impl SvcMaps {
     pub fn open(pin_dir: &Path) -> Result<SvcMaps, SvcMapError> {
         Ok(SvcMaps {
             fe: open_hash(pin_dir, "mgy_svc_fe", false)?,
+            ext: open_hash(pin_dir, "mgy_svc_ext", false)?,
             be: open_hash(pin_dir, "mgy_svc_be", false)?,
             ct: open_hash(pin_dir, "mgy_svc_ct", true)?,
             aff: open_hash(pin_dir, "mgy_svc_aff", true)?,
@@ -561,20 +654,22 @@ impl SvcMaps {
 
     /// What the maps hold (a previous run's frontends and backend slots), for
     /// [`SvcSyncer::adopt`]. The maps' sizes bound it.
-    pub fn restored(&self) -> (Vec<(FeKey, FeVal)>, Vec<(u32, u32)>) {
-        let fe = self
-            .fe
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(k, v)| (FeKey::decode(&k), FeVal::decode(&v)))
-            .collect();
+    pub fn restored(&self) -> Restored {
+        let read = |m: &HashMap<MapData, [u8; FE_KEY_SIZE], [u8; FE_VAL_SIZE]>| {
+            m.iter()
+                .filter_map(Result::ok)
+                .map(|(k, v)| (FeKey::decode(&k), FeVal::decode(&v)))
+                .collect()
+        };
+        let fe = read(&self.fe);
+        let ext = read(&self.ext);
         let be = self
             .be
             .keys()
             .filter_map(Result::ok)
             .map(|k| decode_be_key(&k))
             .collect();
-        (fe, be)
+        (fe, ext, be)
     }
 
     /// Every NAT conntrack entry (bounded by the map's size).
@@ -630,6 +725,22 @@ impl SvcKernel for SvcMaps {
         })
     }
 
+    fn put_external(&mut self, k: &FeKey, v: &FeVal) -> Result<(), SvcMapError> {
+        self.ext
+            .insert(k.encode(), v.encode(), 0)
+            .map_err(|source| SvcMapError::Map {
+                map: "mgy_svc_ext",
+                source,
+            })
+    }
+
+    fn del_external(&mut self, k: &FeKey) -> Result<(), SvcMapError> {
+        gone_ok(self.ext.remove(&k.encode())).map_err(|source| SvcMapError::Map {
+            map: "mgy_svc_ext",
+            source,
+        })
+    }
+
     fn put_backend(&mut self, id: u32, slot: u32, v: &BeVal) -> Result<(), SvcMapError> {
         self.be
             .insert(be_key(id, slot), v.encode(), 0)
@@ -647,6 +758,39 @@ impl SvcKernel for SvcMaps {
     }
 }
 
+/// Calico's default BPFDataIfacePattern, plus the VXLAN device (Felix adds it too): where
+/// traffic from other nodes and from outside arrives.
+pub const DEFAULT_DATA_IFACE_PATTERN: &str =
+    "^((en|wl|ww|sl|ib)[Popsx].*|(eth|wlan|wwan|bond).*|vxlan\\.calico)$";
+
+/// The interfaces of the calling thread's network namespace that `is_data` accepts, each
+/// with its index and IPv4 addresses (the node addresses NodePorts answer on).
+pub fn data_interfaces(is_data: impl Fn(&str) -> bool) -> Vec<(String, u32, Vec<Ipv4Addr>)> {
+    let mut out: BTreeMap<String, (u32, Vec<Ipv4Addr>)> = BTreeMap::new();
+    if let Ok(list) = nix::net::if_::if_nameindex() {
+        for i in list.iter() {
+            let name = i.name().to_string_lossy().into_owned();
+            if is_data(&name) {
+                out.insert(name, (i.index(), Vec::new()));
+            }
+        }
+    }
+    if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
+        for a in addrs {
+            let Some(entry) = out.get_mut(&a.interface_name) else {
+                continue;
+            };
+            if let Some(sin) = a.address.as_ref().and_then(|s| s.as_sockaddr_in()) {
+                let ip = sin.ip();
+                if !entry.1.contains(&ip) {
+                    entry.1.push(ip);
+                }
+            }
+        }
+    }
+    out.into_iter().map(|(n, (i, a))| (n, i, a)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -657,6 +801,7 @@ mod tests {
     #[derive(Default)]
     struct Fake {
         fe: BTreeMap<FeKey, FeVal>,
+        ext: BTreeMap<FeKey, FeVal>,
         be: BTreeMap<(u32, u32), BeVal>,
         log: Vec<String>,
         fail_at: Option<usize>,
@@ -676,6 +821,7 @@ mod tests {
         fn consistent(&self) -> bool {
             self.fe
                 .values()
+                .chain(self.ext.values())
                 .all(|v| (0..v.count).all(|s| self.be.contains_key(&(v.id, s))))
         }
     }
@@ -694,6 +840,20 @@ mod tests {
         fn del_frontend(&mut self, k: &FeKey) -> Result<(), String> {
             self.step(format!("del fe {}:{}", k.addr, k.port))?;
             self.fe.remove(k);
+            Ok(())
+        }
+        fn put_external(&mut self, k: &FeKey, v: &FeVal) -> Result<(), String> {
+            self.step(format!("ext {}:{} count {}", k.addr, k.port, v.count))?;
+            self.ext.insert(*k, *v);
+            assert!(
+                self.consistent(),
+                "a frontend's count covers an unwritten slot"
+            );
+            Ok(())
+        }
+        fn del_external(&mut self, k: &FeKey) -> Result<(), String> {
+            self.step(format!("del ext {}:{}", k.addr, k.port))?;
+            self.ext.remove(k);
             Ok(())
         }
         fn put_backend(&mut self, id: u32, slot: u32, v: &BeVal) -> Result<(), String> {
@@ -776,7 +936,7 @@ mod tests {
         let mut s = SvcSyncer::new();
         let mut k = Fake::default();
         let m = model(&[("web", [10, 96, 0, 10], &[1, 2, 3])]);
-        let r = s.sync(&m, &mut k).unwrap();
+        let r = s.sync(&m, &[], &mut k).unwrap();
         assert_eq!((r.backends_written, r.frontends_written), (3, 1));
         assert_eq!(
             k.log,
@@ -789,35 +949,78 @@ mod tests {
         );
         // Nothing changed: nothing written.
         k.log.clear();
-        let r = s.sync(&m, &mut k).unwrap();
+        let r = s.sync(&m, &[], &mut k).unwrap();
         assert_eq!(r, SvcReport::default());
         assert!(k.log.is_empty());
         // One endpoint more: one slot, then one frontend write.
         let m = model(&[("web", [10, 96, 0, 10], &[1, 2, 3, 4])]);
-        s.sync(&m, &mut k).unwrap();
+        s.sync(&m, &[], &mut k).unwrap();
         assert_eq!(k.log, ["be 1/3 10.65.0.4", "fe 10.96.0.10:80 count 4"]);
         // Scaled to one: the count drops first, the slots go at the next sync.
         k.log.clear();
         let m = model(&[("web", [10, 96, 0, 10], &[4])]);
-        s.sync(&m, &mut k).unwrap();
+        s.sync(&m, &[], &mut k).unwrap();
         assert_eq!(k.log, ["be 1/0 10.65.0.4", "fe 10.96.0.10:80 count 1"]);
         assert_eq!(k.be.len(), 4);
         k.log.clear();
-        s.sync(&m, &mut k).unwrap();
+        s.sync(&m, &[], &mut k).unwrap();
         assert_eq!(k.log, ["del be 1/1", "del be 1/2", "del be 1/3"]);
         // Scaled to zero: count 0 (the program rejects).
         k.log.clear();
         let m = model(&[("web", [10, 96, 0, 10], &[])]);
-        s.sync(&m, &mut k).unwrap();
+        s.sync(&m, &[], &mut k).unwrap();
         assert_eq!(k.log, ["fe 10.96.0.10:80 count 0"]);
         // Removed: the frontend at once (after the slot count 0 left uncovered), the
         // group's id at the next sync.
         k.log.clear();
-        s.sync(&BTreeMap::new(), &mut k).unwrap();
+        s.sync(&BTreeMap::new(), &[], &mut k).unwrap();
         assert_eq!(k.log, ["del be 1/0", "del fe 10.96.0.10:80"]);
-        s.sync(&BTreeMap::new(), &mut k).unwrap();
+        s.sync(&BTreeMap::new(), &[], &mut k).unwrap();
         assert!(k.fe.is_empty() && k.be.is_empty(), "{:?}", k.be);
         assert_eq!(s.num_frontends(), 0);
+    }
+
+    #[test]
+    fn node_ports_external_ips_and_traffic_policies() {
+        let mut sp = (*port([10, 96, 0, 10], &[1, 2], None)).clone();
+        sp.node_port = Some(30080);
+        sp.frontends.push(Frontend {
+            kind: FrontendKind::ExternalIp,
+            addr: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7)),
+            port: 80,
+        });
+        sp.local_backends.truncate(1);
+        let nodes = [Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(172, 18, 0, 2)];
+        let mut m = BTreeMap::new();
+        m.insert(id("web", PortProtocol::Tcp), Arc::new(sp.clone()));
+        let d = desired(&m, &nodes);
+        // Pods reach the ClusterIP and the ExternalIP; outside traffic the ExternalIP and the
+        // NodePort on both node addresses, SNATed (Cluster), all with the two backends.
+        assert_eq!(d.frontends.len(), 2);
+        assert_eq!(d.external.len(), 3, "{:?}", d.external);
+        assert!(
+            d.external
+                .values()
+                .all(|(g, f, _)| !g.local && *f == F_SNAT)
+        );
+        assert_eq!(d.groups.len(), 1);
+        // externalTrafficPolicy Local: outside traffic keeps its source and goes to this
+        // node's endpoint only (a group of its own); pods still use all of them.
+        sp.external_local = true;
+        m.insert(id("web", PortProtocol::Tcp), Arc::new(sp));
+        let d = desired(&m, &nodes);
+        assert!(d.external.values().all(|(g, f, _)| g.local && *f == 0));
+        assert_eq!(d.groups.len(), 2);
+        let local = d.groups.iter().find(|(g, _)| g.local).unwrap().1;
+        assert_eq!(local.len(), 1);
+        let mut s = SvcSyncer::new();
+        let mut k = Fake::default();
+        s.sync(&m, &nodes, &mut k).unwrap();
+        assert_eq!((k.fe.len(), k.ext.len(), k.be.len()), (2, 3, 3));
+        // The node's address changes: only the NodePort frontends move.
+        k.log.clear();
+        s.sync(&m, &nodes[..1], &mut k).unwrap();
+        assert_eq!(k.log, ["del ext 172.18.0.2:30080"]);
     }
 
     #[test]
@@ -832,13 +1035,16 @@ mod tests {
                 fail_at: Some(fail_at),
                 ..Fake::default()
             };
-            assert!(s.sync(&m, &mut k).is_err(), "write {fail_at} should fail");
-            s.sync(&m, &mut k).unwrap();
+            assert!(
+                s.sync(&m, &[], &mut k).is_err(),
+                "write {fail_at} should fail"
+            );
+            s.sync(&m, &[], &mut k).unwrap();
             assert_eq!(k.fe.len(), 2, "fail at {fail_at}");
             assert_eq!(k.be.len(), 5, "fail at {fail_at}");
             assert!(k.consistent());
             k.log.clear();
-            assert_eq!(s.sync(&m, &mut k).unwrap(), SvcReport::default());
+            assert_eq!(s.sync(&m, &[], &mut k).unwrap(), SvcReport::default());
         }
     }
 
@@ -861,7 +1067,7 @@ mod tests {
         let mut v6 = (*port([0, 0, 0, 0], &[1], None)).clone();
         v6.frontends[0].addr = "fd00::10".parse().unwrap();
         m.insert(id("v6", PortProtocol::Tcp), Arc::new(v6));
-        let d = desired(&m);
+        let d = desired(&m, &[]);
         assert_eq!(d.frontends.len(), 1, "{d:?}");
         let (_, (_, flags, aff)) = d.frontends.iter().next().unwrap();
         assert_eq!((*flags, *aff), (F_AFFINITY, 60));
@@ -898,12 +1104,13 @@ mod tests {
         let mut s = SvcSyncer::new();
         s.adopt(
             k.fe.iter().map(|(a, b)| (*a, *b)).collect(),
+            vec![],
             k.be.keys().copied().collect(),
         );
-        s.sync(&m, &mut k).unwrap();
+        s.sync(&m, &[], &mut k).unwrap();
         assert_eq!(k.fe[&old].id, 42);
         assert!(!k.fe.contains_key(&gone));
-        s.sync(&m, &mut k).unwrap();
+        s.sync(&m, &[], &mut k).unwrap();
         assert_eq!(k.be.keys().copied().collect::<Vec<_>>(), [(42, 0)]);
     }
 }

@@ -45,6 +45,12 @@ use crate::linux::sysctl::{ProcSys, Sysctl};
 use crate::nft::render::{LogOwner, flow_rule_ref, log_prefix};
 use crate::{DataplaneDriver, DataplaneError, EndpointStatus, Recording, StatusUpdate};
 
+fn default_data_ifaces() -> regex::Regex {
+    // A constant pattern: it compiles (unit-tested below).
+    regex::Regex::new(margay_bpf::services::DEFAULT_DATA_IFACE_PATTERN)
+        .unwrap_or_else(|_| regex::Regex::new("^$").unwrap_or_else(|_| unreachable!()))
+}
+
 /// How often housekeeping sweeps conntrack (Calico's BPF scanner: every 10 s).
 pub const CT_GC_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -266,6 +272,10 @@ pub struct BpfDriver {
     svc: SvcSyncer,
     svc_maps: SvcMaps,
     last_svc: SvcReport,
+    /// BPFDataIfacePattern: the interfaces that get the Services program for traffic from
+    /// outside (NodePorts), and whose IPv4 addresses NodePorts answer on.
+    data_ifaces: regex::Regex,
+    node_ips: Vec<std::net::Ipv4Addr>,
 }
 
 impl BpfDriver {
@@ -288,8 +298,8 @@ impl BpfDriver {
             reason: e.to_string(),
         })?;
         let mut svc = SvcSyncer::new();
-        let (frontends, backends) = svc_maps.restored();
-        svc.adopt(frontends, backends);
+        let (frontends, external, backends) = svc_maps.restored();
+        svc.adopt(frontends, external, backends);
         tracing::info!(
             pin_dir = %cfg.pin_dir.display(),
             endpoints = adopted.endpoints,
@@ -336,6 +346,8 @@ impl BpfDriver {
                 svc,
                 svc_maps,
                 last_svc: SvcReport::default(),
+                data_ifaces: default_data_ifaces(),
+                node_ips: Vec::new(),
             },
             state,
         ))
@@ -407,6 +419,42 @@ impl BpfDriver {
         &self.last_report
     }
 
+    /// Sets BPFDataIfacePattern (a regular expression; Calico's default otherwise). The VXLAN
+    /// device is always one.
+    pub fn set_data_interfaces(&mut self, pattern: &str) -> Result<(), regex::Error> {
+        self.data_ifaces = regex::Regex::new(pattern)?;
+        self.dirty = true;
+        Ok(())
+    }
+
+    /// The Services program on the data interfaces (attached where missing, detached where
+    /// an interface left) and the node addresses NodePorts answer on.
+    fn sync_data_interfaces(&mut self) -> Vec<std::net::Ipv4Addr> {
+        let pattern = &self.data_ifaces;
+        let ifaces =
+            margay_bpf::services::data_interfaces(|n| n == "vxlan.calico" || pattern.is_match(n));
+        let mut ips = Vec::new();
+        for (name, ifindex, addrs) in &ifaces {
+            if let Err(e) = self.maps.attach_host(name, *ifindex) {
+                tracing::warn!(iface = %name, "eBPF Services program (NodePorts): {e}; retried");
+                self.dirty = true;
+            }
+            ips.extend(addrs.iter().copied());
+        }
+        let gone: Vec<String> = self
+            .maps
+            .host_attached()
+            .filter(|(n, _)| !ifaces.iter().any(|(m, _, _)| m == *n))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in gone {
+            self.maps.detach_host(&n);
+        }
+        ips.sort();
+        ips.dedup();
+        ips
+    }
+
     /// What the last successful write did to the service maps.
     pub fn last_service_report(&self) -> &SvcReport {
         &self.last_svc
@@ -426,10 +474,11 @@ impl BpfDriver {
     }
 
     fn write(&mut self) -> Result<Vec<StatusUpdate>, DataplaneError> {
-        let st = self.state.lock();
-        if !st.model.in_sync {
+        if !self.state.lock().model.in_sync {
             return Ok(Vec::new());
         }
+        let node_ips = self.sync_data_interfaces();
+        let st = self.state.lock();
         let report =
             self.syncer
                 .sync(&st.model, &mut self.maps)
@@ -446,7 +495,7 @@ impl BpfDriver {
         // Services: backends before the frontends that count them (see services.rs).
         let svc = self
             .svc
-            .sync(&st.model.services, &mut self.svc_maps)
+            .sync(&st.model.services, &node_ips, &mut self.svc_maps)
             .map_err(|e| DataplaneError::Apply {
                 what: "eBPF service maps".into(),
                 reason: e.to_string(),
@@ -457,6 +506,7 @@ impl BpfDriver {
             }
         }
         self.last_svc = svc;
+        self.node_ips = node_ips;
         // Programs a previous run attached that nothing claims now.
         let owned = self.syncer.owned_interfaces();
         self.maps.sweep(&owned);
@@ -629,6 +679,24 @@ impl DataplaneDriver for BpfDriver {
         // A new interface (a pod being wired) is closed within a housekeeping period.
         if self.in_sync_reported {
             self.guard_unknown()?;
+            // A data interface or node address that came or went: NodePorts follow.
+            let pattern = &self.data_ifaces;
+            let ifaces = margay_bpf::services::data_interfaces(|n| {
+                n == "vxlan.calico" || pattern.is_match(n)
+            });
+            let mut now_ips: Vec<std::net::Ipv4Addr> = ifaces
+                .iter()
+                .flat_map(|(_, _, a)| a.iter().copied())
+                .collect();
+            now_ips.sort();
+            now_ips.dedup();
+            let same_ifaces = ifaces.len() == self.maps.host_attached().count()
+                && ifaces
+                    .iter()
+                    .all(|(n, i, _)| self.maps.host_attached().any(|(m, j)| m == n && j == *i));
+            if now_ips != self.node_ips || !same_ifaces {
+                out.extend(self.write()?);
+            }
         }
         let now = Instant::now();
         if now.duration_since(self.last_ct_gc) >= CT_GC_INTERVAL {

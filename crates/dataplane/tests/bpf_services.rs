@@ -20,7 +20,7 @@ use margay_calc::{CalcConfig, CalcGraph, Message};
 use margay_dataplane::DataplaneDriver;
 use margay_dataplane::bpf_driver::{BpfDriver, BpfDriverConfig};
 use margay_dataplane::nft::NftConfig;
-use margay_testkit::netns::{NameServers, Netns, is_root};
+use margay_testkit::netns::{Netns, is_root};
 use serde_json::json;
 
 const NODE: &str = "nodea";
@@ -145,7 +145,7 @@ fn slice(backends: &[&str]) -> KubeEndpointSlice {
 struct Node {
     // Field order is drop order: servers stop before their namespaces go, the driver goes
     // before its bpffs.
-    _servers: NameServers,
+    _servers: PeerServers,
     driver: Box<BpfDriver>,
     _fs: PrivateBpffs,
     client: Netns,
@@ -183,7 +183,7 @@ impl Node {
             pods.push((ns.name().to_string(), pod.to_string()));
             backends.push(ns);
         }
-        let servers = NameServers::start(&pods, 8080).unwrap();
+        let servers = PeerServers::start(&pods, 8080);
         let fs = PrivateBpffs(tempfile::tempdir().unwrap());
         let (driver, _rec) = BpfDriver::new(BpfDriverConfig {
             pin_dir: fs.0.path().join(NODE),
@@ -202,6 +202,8 @@ impl Node {
             }),
         })
         .unwrap();
+        let mut driver = driver;
+        driver.set_data_interfaces("^uplink0$").unwrap();
         let mut graph = CalcGraph::new(CalcConfig {
             hostname: NODE.into(),
             ..CalcConfig::default()
@@ -270,6 +272,56 @@ impl Node {
     }
 }
 
+/// TCP servers answering every connection with "<name> <the client address they saw>";
+/// stopped and joined on drop.
+struct PeerServers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl PeerServers {
+    fn start(pods: &[(String, String)], port: u16) -> PeerServers {
+        use std::io::Write;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let threads = pods
+            .iter()
+            .map(|(ns, name)| {
+                let (ns, name, stop, tx) = (ns.clone(), name.clone(), stop.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    enter(&ns);
+                    let l = std::net::TcpListener::bind(("0.0.0.0", port)).unwrap();
+                    l.set_nonblocking(true).unwrap();
+                    tx.send(()).unwrap();
+                    while !stop.load(Ordering::Relaxed) {
+                        match l.accept() {
+                            Ok((mut s, peer)) => {
+                                let _ = s.set_nonblocking(false);
+                                let _ = s.write_all(format!("{name} {}", peer.ip()).as_bytes());
+                            }
+                            Err(_) => std::thread::sleep(Duration::from_micros(200)),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for _ in pods {
+            rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        }
+        PeerServers { stop, threads }
+    }
+}
+
+impl Drop for PeerServers {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 /// `n` connections from the pod in namespace `ns` to `addr`, each bounded by `timeout`.
 fn connect_from(ns: &str, addr: &str, n: usize, timeout: Duration) -> Vec<Outcome> {
     let ns = ns.to_string();
@@ -302,7 +354,16 @@ fn connect_from(ns: &str, addr: &str, n: usize, timeout: Duration) -> Vec<Outcom
     })
 }
 
+/// The backends' names that answered.
 fn answered(outcomes: &[Outcome]) -> BTreeSet<String> {
+    peers(outcomes)
+        .into_iter()
+        .filter_map(|a| a.split(' ').next().map(str::to_string))
+        .collect()
+}
+
+/// "<name> <client address seen>" of every answer.
+fn peers(outcomes: &[Outcome]) -> BTreeSet<String> {
     outcomes
         .iter()
         .filter_map(|o| match o {
@@ -440,4 +501,65 @@ spec:
     assert_eq!(n.driver.status().service_frontends, 0);
     let out = n.connect(&svc_addr, 1, Duration::from_millis(500));
     assert!(answered(&out).is_empty(), "{out:?}");
+}
+
+#[test]
+fn bpf_node_ports_from_outside_cluster_snats_local_keeps_the_source() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let mut n = Node::new();
+    let remote = n._remote.name().to_string();
+    let mut np = service();
+    np.spec.type_ = Some("NodePort".into());
+    np.spec.ports[0].node_port = Some(30080);
+    n.graph.on_kube_service("prod", "web", Some(&np));
+    n.endpoints(&["10.65.0.1", "10.65.0.2", "10.65.0.3"]);
+    assert_eq!(
+        n.driver
+            .attached()
+            .iter()
+            .filter(|(i, _)| i.starts_with("cali"))
+            .count(),
+        4
+    );
+
+    // externalTrafficPolicy Cluster: from the other node's address to this node's NodePort,
+    // spread over the backends, which see the node's address (kube-proxy's masquerade).
+    let out = connect_from(&remote, "192.0.2.1:30080", 30, Duration::from_secs(2));
+    assert_eq!(answered(&out), names(&["b1", "b2", "b3"]), "{out:?}");
+    assert!(
+        peers(&out).iter().all(|p| p.ends_with(" 192.0.2.1")),
+        "{:?}",
+        peers(&out)
+    );
+    // A backend on another node: there and back through this node.
+    n.endpoints(&[REMOTE]);
+    let out = connect_from(&remote, "192.0.2.1:30080", 3, Duration::from_secs(2));
+    assert_eq!(answered(&out), names(&["r1"]), "{out:?}");
+
+    // externalTrafficPolicy Local: this node's endpoints only, the client's address kept.
+    np.spec.external_traffic_policy = Some("Local".into());
+    n.graph.on_kube_service("prod", "web", Some(&np));
+    n.endpoints(&["10.65.0.1", "10.65.0.2", REMOTE]);
+    let out = connect_from(&remote, "192.0.2.1:30080", 30, Duration::from_secs(2));
+    assert_eq!(answered(&out), names(&["b1", "b2"]), "{out:?}");
+    assert!(
+        peers(&out).iter().all(|p| p.ends_with(" 192.0.2.2")),
+        "{:?}",
+        peers(&out)
+    );
+    // No local endpoint: refused at once.
+    n.endpoints(&[REMOTE]);
+    let out = connect_from(&remote, "192.0.2.1:30080", 2, Duration::from_secs(3));
+    for o in &out {
+        match o {
+            Outcome::Refused(t) => assert!(*t < Duration::from_secs(1), "refused after {t:?}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    // Pods still reach the ClusterIP with every endpoint (internal traffic policy Cluster).
+    let out = n.connect(&format!("{CLUSTER_IP}:80"), 3, Duration::from_secs(2));
+    assert_eq!(answered(&out), names(&["r1"]), "{out:?}");
 }

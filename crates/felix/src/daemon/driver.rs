@@ -203,7 +203,7 @@ fn make_bpf_driver(
             Some(PathBuf::from("/sys/fs/bpf")),
         ),
     };
-    let (driver, recording) = BpfDriver::new(BpfDriverConfig {
+    let (mut driver, recording) = BpfDriver::new(BpfDriverConfig {
         pin_dir: pin_dir.clone(),
         bpffs_mount,
         compile: margay_bpf::compile::CompileConfig {
@@ -229,6 +229,12 @@ fn make_bpf_driver(
              to use nftables)"
         ))
     })?;
+    // Services from outside (NodePorts) on the interfaces BPFDataIfacePattern names.
+    if let Some(p) = &config.bpf_data_iface_pattern
+        && let Err(e) = driver.set_data_interfaces(p)
+    {
+        tracing::warn!("BPFDataIfacePattern {p:?}: {e}; using Calico's default");
+    }
     tracing::info!(
         driver = driver.name(),
         pin_dir = %pin_dir.display(),
