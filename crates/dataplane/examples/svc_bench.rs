@@ -2,7 +2,11 @@
 //! namespace).
 //!
 //! `cargo run --release -p margay-dataplane --example svc_bench -- [--services 10000]
-//!  [--endpoints 10] [--changes 100]`
+//!  [--endpoints 10] [--changes 100] [--bpf]`
+//!
+//! With `--bpf` the eBPF driver programs the same model into its service maps (a private
+//! bpffs, inside the throw-away namespace): the object's load, the cold write and each
+//! change → maps are timed.
 //!
 //! 1. Cold: `--services` ClusterIP services with `--endpoints` ready endpoints each, from
 //!    Service and EndpointSlice objects through the calculation graph into an empty table:
@@ -64,11 +68,106 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.get(i).copied().unwrap_or_default()
 }
 
+/// The same steps with the eBPF driver, on a thread inside the namespace (the driver
+/// attaches its data-interface programs where it runs: never in the root namespace).
+fn bpf_main(ns: &Netns, services: usize, endpoints: usize, changes: usize) {
+    use margay_dataplane::DataplaneDriver;
+    use margay_dataplane::bpf_driver::{BpfDriver, BpfDriverConfig};
+    let name = ns.name().to_string();
+    std::thread::spawn(move || {
+        margay_testkit::netns::enter(&name).unwrap();
+        let fs = tempfile::tempdir().unwrap();
+        let t = Instant::now();
+        let (mut driver, _) = BpfDriver::new(BpfDriverConfig {
+            pin_dir: fs.path().join("node0"),
+            bpffs_mount: Some(fs.path().to_path_buf()),
+            compile: Default::default(),
+            workload_prefixes: vec!["cali".into()],
+            routing: None,
+            route_refresh_interval: Duration::ZERO,
+            status_prefix: None,
+            global_sysctls: vec![],
+            interfaces: None,
+            host_nft: None,
+        })
+        .unwrap();
+        println!("bpf: object loaded and verified in {:.2} s", t.elapsed().as_secs_f64());
+        let mut graph = CalcGraph::new(CalcConfig {
+            hostname: "node0".into(),
+            ..CalcConfig::default()
+        });
+        let t = Instant::now();
+        for i in 0..services {
+            graph.on_kube_service("default", &format!("svc{i}"), Some(&service(i)));
+            graph.on_endpoint_slice(
+                "default",
+                &format!("svc{i}-abc"),
+                Some(&slice(i, endpoints, None)),
+            );
+        }
+        graph.on_in_sync();
+        let msgs = graph.flush();
+        let graph_time = t.elapsed();
+        let t = Instant::now();
+        driver.apply(&msgs).unwrap();
+        let write = t.elapsed();
+        let r = driver.last_service_report().clone();
+        println!(
+            "bpf cold: {services} services x {endpoints} endpoints: graph {:.3} s, driver (model + maps) {:.3} s, total {:.3} s; {} frontends, {} backend slots written",
+            graph_time.as_secs_f64(),
+            write.as_secs_f64(),
+            (graph_time + write).as_secs_f64(),
+            r.frontends_written,
+            r.backends_written
+        );
+        let mut lat = Vec::with_capacity(changes);
+        let mut writes = 0;
+        for c in 0..changes {
+            let i = ((c / 2) * 7919) % services;
+            let skip = (c % 2 == 0).then_some(c % endpoints);
+            let t = Instant::now();
+            graph.on_endpoint_slice(
+                "default",
+                &format!("svc{i}-abc"),
+                Some(&slice(i, endpoints, skip)),
+            );
+            let msgs = graph.flush();
+            driver.apply(&msgs).unwrap();
+            lat.push(t.elapsed());
+            let r = driver.last_service_report();
+            writes += r.backends_written + r.frontends_written + r.backends_deleted;
+        }
+        println!(
+            "bpf endpoint change -> maps: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {changes} changes ({:.1} map writes each)",
+            pct(&mut lat, 0.5).as_secs_f64() * 1e3,
+            pct(&mut lat, 0.99).as_secs_f64() * 1e3,
+            pct(&mut lat, 1.0).as_secs_f64() * 1e3,
+            writes as f64 / changes.max(1) as f64
+        );
+        drop(driver);
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(fs.path())
+            .status();
+    })
+    .join()
+    .unwrap();
+}
+
 fn main() {
     let services = arg("--services", 10_000);
     let endpoints = arg("--endpoints", 10);
     let changes = arg("--changes", 100);
     let root = is_root();
+    if std::env::args().any(|a| a == "--bpf") {
+        if !root {
+            println!("--bpf needs root");
+            return;
+        }
+        let ns = Netns::new("svc-bench").unwrap();
+        bpf_main(&ns, services, endpoints, changes);
+        return;
+    }
     let ns = root.then(|| Netns::new("svc-bench").unwrap());
     let (mut driver, stats) = NftDriver::new(NftDriverConfig {
         nft: NftConfig {

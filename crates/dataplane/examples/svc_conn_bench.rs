@@ -2,7 +2,10 @@
 //! dataplane (root; everything happens in namespaces of its own, deleted at the end).
 //!
 //! `cargo run --release -p margay-dataplane --example svc_conn_bench -- [--rounds 5]
-//!  [--seconds 2] [--services 1000]`
+//!  [--seconds 2] [--services 1000] [--bpf]`
+//!
+//! `--bpf`: the eBPF driver programs the node instead (policy and Services in its programs,
+//! a private bpffs).
 //!
 //! A node namespace with a client pod and three backend pods (each answers every TCP
 //! connection on 8080 with its name and closes it) behind `cali*` veths, programmed by the
@@ -202,8 +205,46 @@ spec: {cidr: 10.65.0.0/16}"),
         graph.on_endpoint_slice("prod", &format!("{name}-x1"), Some(&slice(&name, &eps)));
     }
     graph.on_in_sync();
+    let msgs = graph.flush();
+    let mut kept_bpf = None;
+    if std::env::args().any(|a| a == "--bpf") {
+        use margay_dataplane::DataplaneDriver;
+        use margay_dataplane::bpf_driver::{BpfDriver, BpfDriverConfig};
+        let fs = tempfile::tempdir().unwrap();
+        let name = node.name().to_string();
+        let t = Instant::now();
+        let driver = std::thread::scope(|sc| {
+            sc.spawn(|| {
+                enter(&name).unwrap();
+                let (mut d, _) = BpfDriver::new(BpfDriverConfig {
+                    pin_dir: fs.path().join(NODE),
+                    bpffs_mount: Some(fs.path().to_path_buf()),
+                    compile: Default::default(),
+                    workload_prefixes: vec!["cali".into()],
+                    routing: None,
+                    route_refresh_interval: Duration::ZERO,
+                    status_prefix: None,
+                    global_sysctls: vec![],
+                    interfaces: None,
+                    host_nft: None,
+                })
+                .unwrap();
+                d.apply(&msgs).unwrap();
+                d
+            })
+            .join()
+            .unwrap()
+        });
+        println!(
+            "eBPF: loaded and programmed {} services ({} frontends) in {:.2} s",
+            others + 1,
+            driver.status().service_frontends,
+            t.elapsed().as_secs_f64()
+        );
+        kept_bpf = Some((driver, fs));
+    }
     let mut model = DataplaneModel::default();
-    model.apply_all(&graph.flush()).unwrap();
+    model.apply_all(&msgs).unwrap();
     let (mut driver, stats) = NftDriver::new(NftDriverConfig {
         nft: NftConfig {
             ipv6: false,
@@ -216,9 +257,11 @@ spec: {cidr: 10.65.0.0/16}"),
         refresh_interval: Duration::ZERO,
         flowtable_extra_devices: None,
     });
-    driver.mark_dirty();
-    driver.sync(&model).unwrap();
-    {
+    if kept_bpf.is_none() {
+        driver.mark_dirty();
+        driver.sync(&model).unwrap();
+    }
+    if kept_bpf.is_none() {
         let s = stats.lock();
         println!(
             "programmed {} services ({} elements) in {:.2} s",
@@ -257,4 +300,11 @@ spec: {cidr: 10.65.0.0/16}"),
         "ratio ClusterIP / direct (medians): {:.2} (target >= 0.90)",
         smed / dmed
     );
+    if let Some((driver, fs)) = kept_bpf {
+        drop(driver);
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(fs.path())
+            .status();
+    }
 }

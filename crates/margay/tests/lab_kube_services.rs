@@ -1,4 +1,5 @@
-//! Services without kube-proxy, in the lab on the Kubernetes API (nftables dataplane):
+//! Services without kube-proxy, in the lab on the Kubernetes API, on both dataplanes (the
+//! same scenarios with nftables and with `--dataplane bpf`):
 //! Services made with `kubectl apply` (the API server allocates ClusterIPs and NodePorts), the
 //! lab's EndpointSlice controller filling their slices from the pods' labels and readiness,
 //! Felix programming them — kube-proxy's behaviour, scenario by scenario:
@@ -246,10 +247,22 @@ spec:
 
 #[test]
 fn services_behave_as_with_kube_proxy_on_a_kubernetes_lab() {
+    services_behave_as_with_kube_proxy("ksvc", "linux");
+}
+
+#[test]
+fn services_behave_as_with_kube_proxy_on_a_kubernetes_lab_on_ebpf() {
+    services_behave_as_with_kube_proxy("ksvb", "bpf");
+}
+
+fn services_behave_as_with_kube_proxy(tag: &str, dataplane: &str) {
     if !can_run() {
         return;
     }
-    let lab = Lab::up_with("ksvc", &["--datastore", "kubernetes"]);
+    let lab = Lab::up_with(
+        tag,
+        &["--datastore", "kubernetes", "--dataplane", dataplane],
+    );
     let k = Kubectl::for_lab(&lab);
     // x/a and x/c run on node1, x/b on node2 (the default topology).
     k.ok(&["label", "pod", "-n", "x", "a", "b", "c", "app=web"]);
