@@ -212,92 +212,39 @@ pub fn desired(
     let mut out = Desired::default();
     let mut backends = 0usize;
     for (id, sp) in services {
-        let proto = match id.protocol {
-            PortProtocol::Tcp => PROTO_TCP,
-            PortProtocol::Udp => PROTO_UDP,
-            PortProtocol::Sctp => continue,
+        let Some(parts) = port_parts(id, sp, node_ips) else {
+            continue;
         };
-        let flags = if sp.affinity_timeout.is_some() {
-            F_AFFINITY
-        } else {
-            0
-        };
-        let aff = sp.affinity_timeout.unwrap_or(0);
+        // A frontend another port claimed first (an invalid pair of Services) is refused.
         let mut fes = Vec::new();
-        let mut groups: BTreeMap<GroupKey, Vec<BeVal>> = BTreeMap::new();
-        for f in &sp.frontends {
-            let IpAddr::V4(addr) = f.addr else { continue };
-            let local = f.kind == FrontendKind::ClusterIp && sp.internal_local;
-            let key = FeKey {
-                addr,
-                port: f.port,
-                proto,
-            };
-            if out.frontends.contains_key(&key) {
+        for (key, v) in parts.fes {
+            if out.frontends.contains_key(&key) || fes.iter().any(|(k, _)| *k == key) {
                 out.refused.push(format!(
-                    "{id}: frontend {addr}:{} is another service's already",
-                    f.port
+                    "{id}: frontend {}:{} is another service's already",
+                    key.addr, key.port
                 ));
-                continue;
+            } else {
+                fes.push((key, v));
             }
-            let group = GroupKey {
-                port: id.clone(),
-                local,
-            };
-            groups.entry(group.clone()).or_insert_with(|| {
-                let list = if local {
-                    &sp.local_backends
-                } else {
-                    &sp.cluster_backends
-                };
-                let mut v: Vec<BeVal> = list.iter().filter_map(v4).collect();
-                v.dedup();
-                v
-            });
-            fes.push((key, group));
-        }
-        // From outside.
-        let ext_group = GroupKey {
-            port: id.clone(),
-            local: sp.external_local,
-        };
-        let mut ext_addrs: Vec<(Ipv4Addr, u16)> = sp
-            .frontends
-            .iter()
-            .filter(|f| f.kind != FrontendKind::ClusterIp)
-            .filter_map(|f| match f.addr {
-                IpAddr::V4(a) => Some((a, f.port)),
-                IpAddr::V6(_) => None,
-            })
-            .collect();
-        if let Some(np) = sp.node_port {
-            ext_addrs.extend(node_ips.iter().map(|ip| (*ip, np)));
         }
         let mut exts = Vec::new();
-        for (addr, port) in ext_addrs {
-            let key = FeKey { addr, port, proto };
+        for (key, v) in parts.exts {
             if out.external.contains_key(&key) || exts.iter().any(|(k, _)| *k == key) {
                 out.refused.push(format!(
-                    "{id}: external frontend {addr}:{port} is another service's already"
+                    "{id}: external frontend {}:{} is another service's already",
+                    key.addr, key.port
                 ));
-                continue;
+            } else {
+                exts.push((key, v));
             }
-            exts.push((key, ext_group.clone()));
         }
-        if !exts.is_empty() {
-            groups.entry(ext_group.clone()).or_insert_with(|| {
-                let list = if sp.external_local {
-                    &sp.local_backends
-                } else {
-                    &sp.cluster_backends
-                };
-                let mut v: Vec<BeVal> = list.iter().filter_map(v4).collect();
-                v.dedup();
-                v
-            });
-        }
-        let ext_flags = flags | if sp.external_local { 0 } else { F_SNAT };
-        let more: usize = groups.values().map(Vec::len).sum();
+        // Only groups an accepted frontend names.
+        let groups: Vec<(GroupKey, Vec<BeVal>)> = parts
+            .groups
+            .into_iter()
+            .filter(|(g, _)| fes.iter().chain(exts.iter()).any(|(_, (h, _, _))| h == g))
+            .collect();
+        let more: usize = groups.iter().map(|(_, v)| v.len()).sum();
         if out.frontends.len() + fes.len() > MAX_FRONTENDS
             || out.external.len() + exts.len() > MAX_FRONTENDS
             || backends + more > MAX_BACKENDS
@@ -308,15 +255,94 @@ pub fn desired(
             continue;
         }
         backends += more;
-        for (key, group) in fes {
-            out.frontends.insert(key, (group, flags, aff));
-        }
-        for (key, group) in exts {
-            out.external.insert(key, (group, ext_flags, aff));
-        }
+        out.frontends.extend(fes);
+        out.external.extend(exts);
         out.groups.extend(groups);
     }
     out
+}
+
+type FeEntry = (FeKey, (GroupKey, u32, u32));
+
+/// One service port's frontends, external frontends and groups (before any check against
+/// the other ports). None: nothing to program (SCTP).
+struct PortParts {
+    fes: Vec<FeEntry>,
+    exts: Vec<FeEntry>,
+    groups: Vec<(GroupKey, Vec<BeVal>)>,
+}
+
+fn port_parts(id: &ServicePortId, sp: &ServicePort, node_ips: &[Ipv4Addr]) -> Option<PortParts> {
+    let proto = match id.protocol {
+        PortProtocol::Tcp => PROTO_TCP,
+        PortProtocol::Udp => PROTO_UDP,
+        PortProtocol::Sctp => return None,
+    };
+    let flags = if sp.affinity_timeout.is_some() {
+        F_AFFINITY
+    } else {
+        0
+    };
+    let aff = sp.affinity_timeout.unwrap_or(0);
+    let backends_of = |local: bool| {
+        let list = if local {
+            &sp.local_backends
+        } else {
+            &sp.cluster_backends
+        };
+        let mut v: Vec<BeVal> = list.iter().filter_map(v4).collect();
+        v.dedup();
+        v
+    };
+    let mut groups: Vec<(GroupKey, Vec<BeVal>)> = Vec::new();
+    let add_group = |groups: &mut Vec<(GroupKey, Vec<BeVal>)>, local: bool| {
+        let gk = GroupKey {
+            port: id.clone(),
+            local,
+        };
+        if !groups.iter().any(|(g, _)| *g == gk) {
+            groups.push((gk.clone(), backends_of(local)));
+        }
+        gk
+    };
+    let mut fes = Vec::new();
+    for f in &sp.frontends {
+        let IpAddr::V4(addr) = f.addr else { continue };
+        let local = f.kind == FrontendKind::ClusterIp && sp.internal_local;
+        let gk = add_group(&mut groups, local);
+        let key = FeKey {
+            addr,
+            port: f.port,
+            proto,
+        };
+        if !fes.iter().any(|(k, _): &FeEntry| *k == key) {
+            fes.push((key, (gk, flags, aff)));
+        }
+    }
+    // From outside.
+    let mut ext_addrs: Vec<(Ipv4Addr, u16)> = sp
+        .frontends
+        .iter()
+        .filter(|f| f.kind != FrontendKind::ClusterIp)
+        .filter_map(|f| match f.addr {
+            IpAddr::V4(a) => Some((a, f.port)),
+            IpAddr::V6(_) => None,
+        })
+        .collect();
+    if let Some(np) = sp.node_port {
+        ext_addrs.extend(node_ips.iter().map(|ip| (*ip, np)));
+    }
+    let ext_flags = flags | if sp.external_local { 0 } else { F_SNAT };
+    let mut exts = Vec::new();
+    for (addr, port) in ext_addrs {
+        let key = FeKey { addr, port, proto };
+        if exts.iter().any(|(k, _): &FeEntry| *k == key) {
+            continue;
+        }
+        let gk = add_group(&mut groups, sp.external_local);
+        exts.push((key, (gk, ext_flags, aff)));
+    }
+    Some(PortParts { fes, exts, groups })
 }
 
 /// What the syncer needs from the kernel (the real one is [`SvcMaps`]).
@@ -356,8 +382,22 @@ pub struct SvcReport {
 /// A service change costs the slots that changed plus one write per frontend whose count
 /// changed. The recorded state is exact after a failed write (each write is recorded as it
 /// succeeds), so the next sync writes what is still missing.
+///
+/// Only the service ports whose `Arc` in the model changed are looked at (the model keeps
+/// an unchanged port's `Arc`): their old contributions leave the desired state, their new
+/// ones join it, and the steps above run over their groups and frontends only. A full pass
+/// (every port) runs at the first sync, when the node's addresses change (NodePorts), when
+/// a frontend conflict exists or a change would meet another port's frontend or the maps'
+/// limits, after a failed write, and when more than an eighth of the ports changed.
 #[derive(Debug, Default)]
 pub struct SvcSyncer {
+    /// The desired state as last computed, and what each port contributed to it.
+    cache: Desired,
+    owners: BTreeMap<ServicePortId, Owned>,
+    seen: BTreeMap<ServicePortId, Arc<ServicePort>>,
+    seen_ips: Vec<Ipv4Addr>,
+    /// The next sync looks at every port.
+    full: bool,
     groups: BTreeMap<GroupKey, Group>,
     frontends: BTreeMap<FeKey, FeVal>,
     external: BTreeMap<FeKey, FeVal>,
@@ -371,6 +411,24 @@ pub struct SvcSyncer {
     next_id: u32,
 }
 
+/// What one port contributed to the desired state.
+#[derive(Debug, Clone, Default)]
+struct Owned {
+    fes: Vec<FeKey>,
+    exts: Vec<FeKey>,
+    groups: Vec<GroupKey>,
+}
+
+/// What a sync looks at.
+enum Touched {
+    All,
+    Some {
+        groups: BTreeSet<GroupKey>,
+        fes: BTreeSet<FeKey>,
+        exts: BTreeSet<FeKey>,
+    },
+}
+
 #[derive(Debug, Clone)]
 struct Group {
     id: u32,
@@ -382,8 +440,135 @@ impl SvcSyncer {
     pub fn new() -> SvcSyncer {
         SvcSyncer {
             next_id: 1,
+            full: true,
             ..SvcSyncer::default()
         }
+    }
+
+    /// Brings `cache` up to `services` and says what to look at.
+    fn plan(
+        &mut self,
+        services: &BTreeMap<ServicePortId, Arc<ServicePort>>,
+        node_ips: &[Ipv4Addr],
+    ) -> Touched {
+        if !self.full && self.cache.refused.is_empty() && node_ips == self.seen_ips {
+            let mut changed: Vec<ServicePortId> = services
+                .iter()
+                .filter(|(id, sp)| !self.seen.get(*id).is_some_and(|o| Arc::ptr_eq(o, sp)))
+                .map(|(id, _)| id.clone())
+                .collect();
+            changed.extend(
+                self.seen
+                    .keys()
+                    .filter(|id| !services.contains_key(*id))
+                    .cloned(),
+            );
+            if changed.len() <= services.len() / 8 + 1
+                && let Some(t) = self.patch(&changed, services, node_ips)
+            {
+                for id in changed {
+                    match services.get(&id) {
+                        Some(sp) => self.seen.insert(id, sp.clone()),
+                        None => self.seen.remove(&id),
+                    };
+                }
+                return t;
+            }
+        }
+        self.cache = desired(services, node_ips);
+        self.owners.clear();
+        for (fk, (gk, _, _)) in &self.cache.frontends {
+            self.owners
+                .entry(gk.port.clone())
+                .or_default()
+                .fes
+                .push(*fk);
+        }
+        for (fk, (gk, _, _)) in &self.cache.external {
+            self.owners
+                .entry(gk.port.clone())
+                .or_default()
+                .exts
+                .push(*fk);
+        }
+        for gk in self.cache.groups.keys() {
+            self.owners
+                .entry(gk.port.clone())
+                .or_default()
+                .groups
+                .push(gk.clone());
+        }
+        self.seen = services.clone();
+        self.seen_ips = node_ips.to_vec();
+        self.full = false;
+        Touched::All
+    }
+
+    /// The changed ports' contributions swapped in `cache`; None: a full pass is needed
+    /// (a conflict with another port's frontend, or the maps' limits in reach).
+    fn patch(
+        &mut self,
+        changed: &[ServicePortId],
+        services: &BTreeMap<ServicePortId, Arc<ServicePort>>,
+        node_ips: &[Ipv4Addr],
+    ) -> Option<Touched> {
+        let mut groups = BTreeSet::new();
+        let mut fes = BTreeSet::new();
+        let mut exts = BTreeSet::new();
+        let mut backends: usize = self.cache.groups.values().map(Vec::len).sum();
+        for id in changed {
+            if let Some(old) = self.owners.remove(id) {
+                for fk in old.fes {
+                    self.cache.frontends.remove(&fk);
+                    fes.insert(fk);
+                }
+                for fk in old.exts {
+                    self.cache.external.remove(&fk);
+                    exts.insert(fk);
+                }
+                for gk in old.groups {
+                    if let Some(v) = self.cache.groups.remove(&gk) {
+                        backends -= v.len();
+                    }
+                    groups.insert(gk);
+                }
+            }
+            let Some(sp) = services.get(id) else { continue };
+            let Some(parts) = port_parts(id, sp, node_ips) else {
+                continue;
+            };
+            let mut owned = Owned::default();
+            for (fk, v) in parts.fes {
+                if self.cache.frontends.contains_key(&fk) {
+                    return None;
+                }
+                self.cache.frontends.insert(fk, v);
+                fes.insert(fk);
+                owned.fes.push(fk);
+            }
+            for (fk, v) in parts.exts {
+                if self.cache.external.contains_key(&fk) {
+                    return None;
+                }
+                self.cache.external.insert(fk, v);
+                exts.insert(fk);
+                owned.exts.push(fk);
+            }
+            for (gk, v) in parts.groups {
+                backends += v.len();
+                groups.insert(gk.clone());
+                owned.groups.push(gk.clone());
+                self.cache.groups.insert(gk, v);
+            }
+            self.owners.insert(id.clone(), owned);
+        }
+        if self.cache.frontends.len() > MAX_FRONTENDS
+            || self.cache.external.len() > MAX_FRONTENDS
+            || backends > MAX_BACKENDS
+        {
+            return None;
+        }
+        Some(Touched::Some { groups, fes, exts })
     }
 
     /// Takes over what a previous run left in the maps: its frontends stay until the first
@@ -436,45 +621,51 @@ impl SvcSyncer {
         id
     }
 
-    pub fn sync<K: SvcKernel>(
+    /// Steps 2–5 over what `touched` names.
+    fn write<K: SvcKernel>(
         &mut self,
-        services: &BTreeMap<ServicePortId, Arc<ServicePort>>,
-        node_ips: &[Ipv4Addr],
+        want: &Desired,
+        touched: &Touched,
         k: &mut K,
-    ) -> Result<SvcReport, SvcSyncError> {
+        report: &mut SvcReport,
+    ) -> Result<(), SvcSyncError> {
         let e = |what: &str, err: K::Error| SvcSyncError(format!("{what}: {err}"));
-        let mut report = SvcReport::default();
-        // 1. Leftovers of the previous sync.
-        let live: BTreeMap<u32, usize> = self
-            .groups
-            .values()
-            .map(|g| (g.id, g.slots.len()))
-            .collect();
-        let pending = std::mem::take(&mut self.pending);
-        for (id, slot) in pending {
-            if live.get(&id).is_some_and(|n| (slot as usize) < *n) {
-                continue; // covered again by its (regrown) group
-            }
-            match k.del_backend(id, slot) {
-                Ok(()) => report.backends_deleted += 1,
-                Err(err) => {
-                    tracing::warn!(id, slot, "deleting a service backend slot: {err}; retried");
-                    self.pending.insert((id, slot));
-                }
-            }
-        }
-        let retired = std::mem::take(&mut self.retired);
-        for id in retired {
-            if self.pending.iter().any(|(i, _)| *i == id) {
-                self.retired.insert(id);
-            } else {
-                self.free.push(id);
-            }
-        }
-        let want = desired(services, node_ips);
-        report.refused = want.refused.clone();
+        let (group_keys, fe_keys, ext_keys): (Vec<GroupKey>, Vec<FeKey>, Vec<FeKey>) = match touched
+        {
+            Touched::All => (
+                want.groups
+                    .keys()
+                    .chain(self.groups.keys())
+                    .cloned()
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
+                want.frontends
+                    .keys()
+                    .chain(self.frontends.keys())
+                    .copied()
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
+                want.external
+                    .keys()
+                    .chain(self.external.keys())
+                    .copied()
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
+            ),
+            Touched::Some { groups, fes, exts } => (
+                groups.iter().cloned().collect(),
+                fes.iter().copied().collect(),
+                exts.iter().copied().collect(),
+            ),
+        };
         // 2. Backends first: a count never covers a slot not written yet.
-        for (gk, backends) in &want.groups {
+        for gk in &group_keys {
+            let Some(backends) = want.groups.get(gk) else {
+                continue;
+            };
             if !self.groups.contains_key(gk) {
                 let id = self.alloc();
                 self.groups.insert(
@@ -509,12 +700,27 @@ impl SvcSyncer {
         }
         // 3. The flips; 4. frontends gone.
         for external in [false, true] {
-            let (wanted, written) = if external {
-                (&want.external, &mut self.external)
+            let (wanted, written, keys) = if external {
+                (&want.external, &mut self.external, &ext_keys)
             } else {
-                (&want.frontends, &mut self.frontends)
+                (&want.frontends, &mut self.frontends, &fe_keys)
             };
-            for (fk, (gk, flags, aff)) in wanted {
+            for fk in keys {
+                let Some((gk, flags, aff)) = wanted.get(fk) else {
+                    if written.contains_key(fk) {
+                        let r = if external {
+                            k.del_external(fk)
+                        } else {
+                            k.del_frontend(fk)
+                        };
+                        r.map_err(|err| {
+                            e(&format!("deleting frontend {}:{}", fk.addr, fk.port), err)
+                        })?;
+                        report.frontends_deleted += 1;
+                        written.remove(fk);
+                    }
+                    continue;
+                };
                 let (Some(g), Some(n)) = (self.groups.get(gk), want.groups.get(gk)) else {
                     continue;
                 };
@@ -544,41 +750,78 @@ impl SvcSyncer {
                 report.frontends_written += 1;
                 written.insert(*fk, v);
             }
-            let gone: Vec<FeKey> = written
-                .keys()
-                .filter(|fk| !wanted.contains_key(fk))
-                .copied()
-                .collect();
-            for fk in gone {
-                let r = if external {
-                    k.del_external(&fk)
-                } else {
-                    k.del_frontend(&fk)
-                };
-                r.map_err(|err| e(&format!("deleting frontend {}:{}", fk.addr, fk.port), err))?;
-                report.frontends_deleted += 1;
-                written.remove(&fk);
-            }
         }
         // 5. Slots no count covers any more, deleted next time.
-        let groups = std::mem::take(&mut self.groups);
-        for (gk, mut g) in groups {
-            match want.groups.get(&gk) {
+        for gk in &group_keys {
+            let Some(g) = self.groups.get_mut(gk) else {
+                continue;
+            };
+            match want.groups.get(gk) {
                 Some(n) => {
                     for slot in n.len()..g.slots.len() {
                         self.pending.insert((g.id, slot as u32));
                     }
                     g.slots.truncate(n.len());
-                    self.groups.insert(gk, g);
                 }
                 None => {
                     for slot in 0..g.slots.len() {
                         self.pending.insert((g.id, slot as u32));
                     }
                     self.retired.insert(g.id);
+                    self.groups.remove(gk);
                 }
             }
         }
+        Ok(())
+    }
+
+    pub fn sync<K: SvcKernel>(
+        &mut self,
+        services: &BTreeMap<ServicePortId, Arc<ServicePort>>,
+        node_ips: &[Ipv4Addr],
+        k: &mut K,
+    ) -> Result<SvcReport, SvcSyncError> {
+        let mut report = SvcReport::default();
+        // 1. Leftovers of the previous sync.
+        let live: BTreeMap<u32, usize> = if self.pending.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.groups
+                .values()
+                .map(|g| (g.id, g.slots.len()))
+                .collect()
+        };
+        let pending = std::mem::take(&mut self.pending);
+        for (id, slot) in pending {
+            if live.get(&id).is_some_and(|n| (slot as usize) < *n) {
+                continue; // covered again by its (regrown) group
+            }
+            match k.del_backend(id, slot) {
+                Ok(()) => report.backends_deleted += 1,
+                Err(err) => {
+                    tracing::warn!(id, slot, "deleting a service backend slot: {err}; retried");
+                    self.pending.insert((id, slot));
+                }
+            }
+        }
+        let retired = std::mem::take(&mut self.retired);
+        for id in retired {
+            if self.pending.iter().any(|(i, _)| *i == id) {
+                self.retired.insert(id);
+            } else {
+                self.free.push(id);
+            }
+        }
+        let touched = self.plan(services, node_ips);
+        report.refused = self.cache.refused.clone();
+        let want = std::mem::take(&mut self.cache);
+        let r = self.write(&want, &touched, k, &mut report);
+        self.cache = want;
+        if r.is_err() {
+            // What was written is recorded exactly; the next sync looks at everything.
+            self.full = true;
+        }
+        r?;
         self.pending.extend(self.adopted.drain(..));
         Ok(report)
     }
@@ -1021,6 +1264,69 @@ mod tests {
         k.log.clear();
         s.sync(&m, &nodes[..1], &mut k).unwrap();
         assert_eq!(k.log, ["del ext 172.18.0.2:30080"]);
+    }
+
+    #[test]
+    fn only_changed_ports_are_looked_at_and_a_conflict_falls_back_to_a_full_pass() {
+        let mut m = model(&[
+            ("a", [10, 96, 0, 1], &[1, 2]),
+            ("b", [10, 96, 0, 2], &[3, 4]),
+            ("c", [10, 96, 0, 3], &[5]),
+        ]);
+        let mut s = SvcSyncer::new();
+        let mut k = Fake::default();
+        s.sync(&m, &[], &mut k).unwrap();
+        // b's slice changes: b's slot and frontend only.
+        k.log.clear();
+        m.insert(
+            id("b", PortProtocol::Tcp),
+            port([10, 96, 0, 2], &[3, 6, 7], None),
+        );
+        s.sync(&m, &[], &mut k).unwrap();
+        assert_eq!(
+            k.log,
+            [
+                "be 2/1 10.65.0.6",
+                "be 2/2 10.65.0.7",
+                "fe 10.96.0.2:80 count 3"
+            ]
+        );
+        // c removed, d added with c's old ClusterIP: one pass, c's frontend replaced by d's.
+        k.log.clear();
+        m.remove(&id("c", PortProtocol::Tcp));
+        m.insert(id("d", PortProtocol::Tcp), port([10, 96, 0, 3], &[8], None));
+        s.sync(&m, &[], &mut k).unwrap();
+        assert_eq!(
+            k.fe[&FeKey {
+                addr: Ipv4Addr::new(10, 96, 0, 3),
+                port: 80,
+                proto: PROTO_TCP
+            }]
+                .count,
+            1
+        );
+        assert!(k.consistent());
+        // e claims a's ClusterIP (a conflict): refused by name, a keeps it.
+        m.insert(id("e", PortProtocol::Tcp), port([10, 96, 0, 1], &[9], None));
+        let r = s.sync(&m, &[], &mut k).unwrap();
+        assert!(r.refused.iter().any(|x| x.contains("prod/e/")), "{r:?}");
+        let a = k.fe[&FeKey {
+            addr: Ipv4Addr::new(10, 96, 0, 1),
+            port: 80,
+            proto: PROTO_TCP,
+        }];
+        assert_eq!(a.count, 2);
+        // The same state from scratch writes the same maps.
+        let mut fresh = SvcSyncer::new();
+        let mut k2 = Fake::default();
+        fresh.sync(&m, &[], &mut k2).unwrap();
+        assert_eq!(k2.fe.len(), k.fe.len());
+        let addrs = |f: &Fake| -> BTreeSet<(FeKey, Vec<BeVal>)> {
+            f.fe.iter()
+                .map(|(fk, v)| (*fk, (0..v.count).map(|i| f.be[&(v.id, i)]).collect()))
+                .collect()
+        };
+        assert_eq!(addrs(&k), addrs(&k2));
     }
 
     #[test]
