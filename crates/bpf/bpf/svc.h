@@ -347,15 +347,30 @@ __attribute__((noinline)) int svc_from_wl(struct __sk_buff *skb)
 		__u64 t = p.proto == IPPROTO_TCP ? SVC_NAT_TCP_TIMEOUT : SVC_NAT_OTHER_TIMEOUT;
 		if (now - cv->last_seen_ns <= t) {
 			cv->last_seen_ns = now;
-			if (svc_rewrite(skb, &p, 1, cv->addr, cv->port) < 0)
+			__u32 addr = cv->addr;
+			__u16 port = cv->port;
+			// A new connection on a reused client port: its reverse entry may have been
+			// taken by a direct flow meanwhile; write both again (same backend).
+			if (p.syn && svc_ct_put(&p, addr, port, now) < 0)
+				return TC_ACT_SHOT;
+			if (svc_rewrite(skb, &p, 1, addr, port) < 0)
 				return TC_ACT_SHOT;
 			return SVC_CONTINUE;
 		}
 	}
 	struct svc_fe_key k = {.addr = p.daddr, .port = p.dport, .proto = p.proto};
 	struct svc_fe_val *fe = bpf_map_lookup_elem(&mgy_svc_fe, &k);
-	if (!fe)
+	if (!fe) {
+		// A new flow straight to a pod on a tuple an earlier service flow used (a reused
+		// client port): its replies must not be translated back to that frontend.
+		if (p.syn || p.proto == IPPROTO_UDP) {
+			struct svc_ct_key rk = {.saddr = p.daddr, .daddr = p.saddr, .sport = p.dport,
+						.dport = p.sport, .proto = p.proto,
+						.dir = SVC_DIR_REV};
+			bpf_map_delete_elem(&mgy_svc_ct, &rk);
+		}
 		return SVC_CONTINUE;
+	}
 	__u32 id = fe->id, count = fe->count;
 	if (count == 0)
 		return svc_reject(skb);
