@@ -1082,6 +1082,76 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
     env.apply("deny-db.yaml", DENY_DB);
     let mut felix = env.start_felix("felix", &[("FELIX_FLOWLOGSLOCALREPORTER", "Enabled")]);
     env.wait_in_sync(&mut felix);
+    let Flood {
+        sent: flood,
+        rss_before: before,
+        rss_after: after,
+        answer,
+    } = flood(&env, &felix);
+    let out = env
+        .margay()
+        .args([
+            "flows",
+            "-o",
+            "json",
+            "--denied",
+            "--last",
+            "5",
+            "--status-socket",
+        ])
+        .arg(env.socket())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["action"], "deny", "{text}");
+    let seen = answer["packets_seen"].as_u64().unwrap();
+    let shed = answer["packets_shed"].as_u64().unwrap();
+    let overruns = answer["overruns"].as_u64().unwrap();
+    let (live, live_shed) = (
+        answer["live_flows"].as_u64().unwrap(),
+        answer["live_shed"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "flood: {flood} datagrams sent in 4 s ({:.0}/s); Felix saw {seen}, shed {shed}, kernel overruns {overruns}; RSS {before} kB -> {after} kB; {live} connections followed in conntrack, {live_shed} not",
+        flood as f64 / 4.0
+    );
+    // The allowed connections followed in conntrack are bounded too (the rest are counted).
+    assert!(live <= 20_000, "{live} connections followed");
+    // Everything sent is accounted for: seen by Felix, or dropped by the kernel for want of
+    // buffer (counted as overruns, in batches), never silently.
+    assert!(seen > 0 && (seen + shed > 0));
+    // Each datagram makes two new flows (web's egress allowed, db's ingress denied).
+    if flood > 4 * 10_000 {
+        assert!(
+            shed > 0 || overruns > 0,
+            "more than 10k new flows a second and nothing shed"
+        );
+    }
+    // Bounded memory: 10k flows an interval and a 4095-flow ring are a few MB.
+    assert!(
+        after < before + 64 * 1024,
+        "Felix grew from {before} kB to {after} kB"
+    );
+}
+
+/// What a flood of new flows did: datagrams sent, Felix's RSS (kB) before and after, and
+/// its flow counters (the `flows?last=0` answer) 1.5 s later.
+struct Flood {
+    sent: u64,
+    rss_before: u64,
+    rss_after: u64,
+    answer: Value,
+}
+
+/// UDP datagrams from a fresh port each, web to db:5000 (denied), from two threads for 4 s;
+/// meanwhile an allowed connection still connects and a denied one does not.
+fn flood(env: &Env, felix: &Role) -> Flood {
     let rss_kb = |pid: u32| -> u64 {
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_default()
@@ -1090,9 +1160,9 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     };
-    let before = rss_kb(felix.pid());
+    let rss_before = rss_kb(felix.pid());
     let web = std::fs::File::open(format!("/var/run/netns/{}", env.pods[WEB].0.name())).unwrap();
-    let flood = std::thread::scope(|s| {
+    let sent = std::thread::scope(|s| {
         let senders: Vec<_> = (0..2)
             .map(|_| {
                 let web = web.try_clone().unwrap();
@@ -1125,30 +1195,8 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
         );
         senders.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
     });
-    let after = rss_kb(felix.pid());
+    let rss_after = rss_kb(felix.pid());
     std::thread::sleep(Duration::from_millis(1500));
-    let out = env
-        .margay()
-        .args([
-            "flows",
-            "-o",
-            "json",
-            "--denied",
-            "--last",
-            "5",
-            "--status-socket",
-        ])
-        .arg(env.socket())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-    assert_eq!(last["action"], "deny", "{text}");
     let st = Command::new(bin())
         .env_clear()
         .args(["felix", "status", "--socket"])
@@ -1156,35 +1204,12 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
         .arg("flows?last=0")
         .output()
         .unwrap();
-    let answer: Value = serde_json::from_slice(&st.stdout).unwrap();
-    let seen = answer["packets_seen"].as_u64().unwrap();
-    let shed = answer["packets_shed"].as_u64().unwrap();
-    let overruns = answer["overruns"].as_u64().unwrap();
-    let (live, live_shed) = (
-        answer["live_flows"].as_u64().unwrap(),
-        answer["live_shed"].as_u64().unwrap(),
-    );
-    eprintln!(
-        "flood: {flood} datagrams sent in 4 s ({:.0}/s); Felix saw {seen}, shed {shed}, kernel overruns {overruns}; RSS {before} kB -> {after} kB; {live} connections followed in conntrack, {live_shed} not",
-        flood as f64 / 4.0
-    );
-    // The allowed connections followed in conntrack are bounded too (the rest are counted).
-    assert!(live <= 20_000, "{live} connections followed");
-    // Everything sent is accounted for: seen by Felix, or dropped by the kernel for want of
-    // buffer (counted as overruns, in batches), never silently.
-    assert!(seen > 0 && (seen + shed > 0));
-    // Each datagram makes two new flows (web's egress allowed, db's ingress denied).
-    if flood > 4 * 10_000 {
-        assert!(
-            shed > 0 || overruns > 0,
-            "more than 10k new flows a second and nothing shed"
-        );
+    Flood {
+        sent,
+        rss_before,
+        rss_after,
+        answer: serde_json::from_slice(&st.stdout).unwrap(),
     }
-    // Bounded memory: 10k flows an interval and a 4095-flow ring are a few MB.
-    assert!(
-        after < before + 64 * 1024,
-        "Felix grew from {before} kB to {after} kB"
-    );
 }
 
 /// The flows a `margay flows -o json` query returns.
@@ -1379,59 +1404,15 @@ fn a_flood_of_new_flows_on_ebpf_is_shed_and_counted_and_enforcement_holds() {
         ],
     );
     env.wait_in_sync(&mut felix);
-    let rss_kb = |pid: u32| -> u64 {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
     // Felix is up and has read something before the baseline.
     assert!(env.tcp(WEB, env.pods[DB].1, 81, "2"));
     std::thread::sleep(Duration::from_millis(1500));
-    let before = rss_kb(felix.pid());
-    let web = std::fs::File::open(format!("/var/run/netns/{}", env.pods[WEB].0.name())).unwrap();
-    let flood = std::thread::scope(|s| {
-        let senders: Vec<_> = (0..2)
-            .map(|_| {
-                let web = web.try_clone().unwrap();
-                s.spawn(move || {
-                    margay_netlink::netns::run_in(&web, || {
-                        let until = Instant::now() + Duration::from_secs(4);
-                        let mut sent = 0u64;
-                        while Instant::now() < until {
-                            let sock = std::net::UdpSocket::bind("10.65.0.1:0")?;
-                            let _ = sock.send_to(b"x", "10.65.0.2:5000");
-                            sent += 1;
-                        }
-                        Ok(sent)
-                    })
-                    .unwrap()
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_millis(500));
-        assert!(
-            (0..3).any(|_| env.tcp(WEB, env.pods[DB].1, 81, "5")),
-            "allowed during the flood"
-        );
-        assert!(
-            !env.tcp(WEB, env.pods[DB].1, 80, "2"),
-            "denied during the flood"
-        );
-        senders.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
-    });
-    let after = rss_kb(felix.pid());
-    std::thread::sleep(Duration::from_millis(1500));
-    let st = Command::new(bin())
-        .env_clear()
-        .args(["felix", "status", "--socket"])
-        .arg(env.socket())
-        .arg("flows?last=0")
-        .output()
-        .unwrap();
-    let answer: Value = serde_json::from_slice(&st.stdout).unwrap();
+    let Flood {
+        sent: flood,
+        rss_before: before,
+        rss_after: after,
+        answer,
+    } = flood(&env, &felix);
     let seen = answer["packets_seen"].as_u64().unwrap();
     let shed = answer["packets_shed"].as_u64().unwrap();
     let drops = answer["ring_drops"].as_u64().unwrap();
