@@ -9,7 +9,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,16 +16,14 @@ use margay_testkit::netns::{Netns, is_root};
 use margay_testkit::roles::{Node, Role};
 use serde_json::Value;
 
-const NODE: &str = "nodea";
+mod felix_node;
+use felix_node::{FelixNode, NODE, bin};
+
 /// The outside namespace's addresses: the node's gateway (registered as a host), an address
 /// that is no host, and a service address (BGPConfiguration serviceClusterIPs).
 const GATEWAY: &str = "192.0.2.254";
 const OUTSIDE: &str = "198.51.100.1";
 const SERVICE: &str = "10.96.0.10";
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_margay")
-}
 
 /// Pods: 0 web, 1 db, 2 spoof (its endpoint asks to send from 10.99.0.0/24).
 const WEB: usize = 0;
@@ -40,122 +37,17 @@ struct Env {
     _listeners: Vec<Role>,
     pods: Vec<(Netns, &'static str)>,
     outside: Netns,
-    node: Node,
+    fx: FelixNode,
+}
+
+impl std::ops::Deref for Env {
+    type Target = FelixNode;
+    fn deref(&self) -> &FelixNode {
+        &self.fx
+    }
 }
 
 impl Env {
-    /// The node's namespace.
-    fn ns(&self) -> &Netns {
-        self.node.netns().unwrap()
-    }
-
-    fn db(&self) -> PathBuf {
-        self.node.file("store.db")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.node.file("felix.sock")
-    }
-
-    fn mtu_file(&self) -> PathBuf {
-        self.node.file("mtu")
-    }
-
-    fn margay(&self) -> Command {
-        let mut c = Command::new(bin());
-        c.env_clear()
-            .env("DATASTORE_TYPE", "local")
-            .env("DATASTORE_PATH", self.db());
-        c
-    }
-
-    fn apply(&self, name: &str, yaml: &str) {
-        let file = self.node.file(name);
-        std::fs::write(&file, yaml).unwrap();
-        let out = self
-            .margay()
-            .args(["ctl", "apply", "-f"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn delete(&self, kind: &str, name: &str, ns: Option<&str>) {
-        let mut c = self.margay();
-        c.args(["ctl", "delete", kind, name]);
-        if let Some(ns) = ns {
-            c.args(["-n", ns]);
-        }
-        let out = c.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// Felix as the node runs it, with `extra` FELIX_* settings.
-    fn felix_command(&self, extra: &[(&str, &str)]) -> Command {
-        let mut c = self.node.command(bin().as_ref());
-        c.args(["felix", "run", "--status-socket"])
-            .arg(self.socket())
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("DATASTORE_TYPE", "local")
-            .env("DATASTORE_PATH", self.db())
-            .env("FELIX_FELIXHOSTNAME", NODE)
-            .env("FELIX_HEALTHENABLED", "false")
-            .env("FELIX_LOGSEVERITYSCREEN", "Info")
-            // The machine's own syslog is none of the test's business.
-            .env("FELIX_LOGFILEPATH", "none")
-            .env("FELIX_LOGSEVERITYSYS", "none")
-            .env("MARGAY_DATAPLANE", "linux")
-            .env("MARGAY_MTU_FILE", self.mtu_file())
-            .env("FELIX_ENDPOINTSTATUSPATHPREFIX", self.node.file("status"));
-        for (k, v) in extra {
-            c.env(k, v);
-        }
-        c
-    }
-
-    /// Starts Felix inside the node namespace as the role `name` (its log `<name>.log`; a
-    /// restarted Felix gets a name of its own, so each log is kept).
-    fn start_felix(&self, name: &str, extra: &[(&str, &str)]) -> Role {
-        self.node.spawn(name, self.felix_command(extra))
-    }
-
-    fn status(&self) -> Option<Value> {
-        let out = self
-            .margay()
-            .args(["felix", "status", "--json", "--socket"])
-            .arg(self.socket())
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
-    }
-
-    /// Waits (30 s at most) until `felix` reports its dataplane in sync; fails with its log
-    /// if it exits first.
-    fn wait_in_sync(&self, felix: &mut Role) -> Value {
-        felix.wait_for(
-            "the dataplane in sync",
-            Duration::from_secs(30),
-            || match self.status() {
-                Some(s) if s["dataplane"]["in_sync"] == Value::Bool(true) => Ok(s),
-                Some(s) => Err(format!("status {}", s["dataplane"])),
-                None => Err("no status".into()),
-            },
-        )
-    }
-
     fn sysctl(&self, key: &str) -> String {
         let out = self
             .ns()
@@ -164,17 +56,6 @@ impl Env {
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    /// The node's nftables ruleset.
-    fn ruleset(&self) -> String {
-        let out = self
-            .ns()
-            .exec("nft")
-            .args(["list", "ruleset"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     fn node_ip(&self, args: &[&str]) -> String {
@@ -262,8 +143,8 @@ fn listener(node: &Node, name: &str, ns: &Netns, args: &[&str]) -> Role {
 /// The node, its uplink to the outside, three pods and the datastore. `rp_filter` is the
 /// node's default reverse-path filter, as the host's distribution set it.
 fn setup(rp_filter: &str) -> Env {
-    let host = Node::in_netns("fl-node").unwrap();
-    let node = host.netns().unwrap();
+    let fx = FelixNode::new("fl-node");
+    let (host, node) = (&fx.node, fx.ns());
     let outside = Netns::new("fl-out").unwrap();
     node.sysctl("net.ipv4.conf.default.rp_filter", rp_filter)
         .unwrap();
@@ -294,36 +175,23 @@ fn setup(rp_filter: &str) -> Env {
     for (name, ns) in [("web", &web), ("db", &db)] {
         for port in ["80", "81", "82"] {
             let args = ["nc", "-l", "-k", "-p", port];
-            listeners.push(listener(&host, &format!("nc-{name}-{port}"), ns, &args));
+            listeners.push(listener(host, &format!("nc-{name}-{port}"), ns, &args));
         }
     }
     for port in ["4789", "5000"] {
         let args = ["nc", "-u", "-l", "-k", "-p", port];
-        listeners.push(listener(&host, &format!("udp-{port}"), &db, &args));
+        listeners.push(listener(host, &format!("udp-{port}"), &db, &args));
     }
     let args = ["nc", "-l", "-k", "-p", "9000"];
-    listeners.push(listener(&host, "nc-outside-9000", &outside, &args));
+    listeners.push(listener(host, "nc-outside-9000", &outside, &args));
     let env = Env {
         _listeners: listeners,
         pods: vec![(web, "10.65.0.1"), (db, "10.65.0.2"), (spoof, "10.65.0.3")],
         outside,
-        node: host,
+        fx,
     };
     // Registered as `margay node startup` does (ClusterInformation ready, the Node).
-    let out = env
-        .margay()
-        .args(["node", "startup", "--root"])
-        .arg(env.node.file("root"))
-        .env("NODENAME", NODE)
-        .env("IP", "192.0.2.1/24")
-        .env("NO_DEFAULT_POOLS", "true")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    env.startup("192.0.2.1/24");
     env.apply(
         "seed.yaml",
         &format!(
