@@ -11,7 +11,7 @@
 //! - `DEFAULT_IDX` → the range of refs to the steps every packet must see (deny steps and
 //!   blocks with `any`), in order;
 //! - `key_idx(proto, port)` → the range of refs to the blocks whose keys contain it, in
-//!   order (or one step named directly, `STEP_INDEX_ONE`).
+//!   order.
 //!
 //! The program walks the default range and the key's range merged by step index: exactly
 //! the main list with the blocks that match nothing for this packet left out, so verdicts,
@@ -28,8 +28,6 @@ use crate::layout::{F_PROTO, Rule, StepEnc};
 pub const STEP_REF: u32 = 2;
 /// An index entry: refs `block .. block + pass_to`.
 pub const STEP_INDEX: u32 = 3;
-/// An index entry naming one main step directly (`block`).
-pub const STEP_INDEX_ONE: u32 = 4;
 /// Index entries' `idx` in the slot: above any list position.
 pub const INDEX_BASE: u32 = 0x8000_0000;
 /// The default range's entry (protocol 0 is never a key).
@@ -136,19 +134,17 @@ pub fn build(main: &[Option<&Summary>]) -> Vec<(u32, StepEnc)> {
     let d = range(&mut out, &always);
     out.push((DEFAULT_IDX, d));
     for ((proto, port), list) in &keys {
-        let e = match list.as_slice() {
-            [one] => StepEnc {
-                kind: STEP_INDEX_ONE,
-                block: *one,
-                pass_to: 1,
-            },
-            _ => range(&mut out, list),
-        };
+        // (Even one step is a ref: the program then has one kind of key entry, and the
+        // verifier one loop state fewer to explore.)
+        let e = range(&mut out, list);
         out.push((key_idx(*proto, *port), e));
         if out.len() > MAX_HOOK_INDEX {
             return Vec::new();
         }
     }
+    // By position: refs first, then the entries naming them (the syncer compares a restored
+    // index, read back in this order, with a compiled one).
+    out.sort_unstable_by_key(|(idx, _)| *idx);
     out
 }
 
@@ -212,8 +208,7 @@ mod tests {
         };
         assert_eq!(refs(&out[&DEFAULT_IDX]), vec![1, 3]);
         assert_eq!(refs(&out[&key_idx(6, 80)]), vec![0, 2]);
-        let one = out[&key_idx(6, 443)];
-        assert_eq!((one.kind, one.block), (STEP_INDEX_ONE, 2));
+        assert_eq!(refs(&out[&key_idx(6, 443)]), vec![2]);
         assert!(!out.contains_key(&key_idx(17, 80)));
         // Nothing to skip: no index.
         assert!(build(&[Some(&any), None]).is_empty());

@@ -189,19 +189,19 @@ pub fn allows_indexed(
     sets: &BTreeMap<u32, BTreeSet<IpSetEntry>>,
 ) -> bool {
     use crate::compile::Step;
-    use crate::index::{DEFAULT_IDX, STEP_INDEX, STEP_INDEX_ONE, STEP_REF, key_idx};
+    use crate::index::{DEFAULT_IDX, STEP_INDEX, STEP_REF, key_idx};
     const NONE: u32 = u32::MAX;
     let Some(def) = extras.get(&DEFAULT_IDX).filter(|d| d.kind == STEP_INDEX) else {
         return allows(steps, p, sets);
     };
     let (mut d_pos, d_end) = (def.block, def.block.saturating_add(def.pass_to));
-    let (mut k_pos, mut k_end, mut k_one) = (0u32, 0u32, NONE);
-    if p.has_ports() {
-        match extras.get(&key_idx(p.proto, p.dport)) {
-            Some(e) if e.kind == STEP_INDEX => (k_pos, k_end) = (e.block, e.block + e.pass_to),
-            Some(e) if e.kind == STEP_INDEX_ONE => (k_pos, k_end, k_one) = (0, 1, e.block),
-            _ => {}
-        }
+    let (mut k_pos, mut k_end) = (0u32, 0u32);
+    if p.has_ports()
+        && let Some(e) = extras
+            .get(&key_idx(p.proto, p.dport))
+            .filter(|e| e.kind == STEP_INDEX)
+    {
+        (k_pos, k_end) = (e.block, e.block.saturating_add(e.pass_to));
     }
     // A ref's step index; None: a hole (the program fails closed).
     let head = |pos: u32| -> Option<u32> {
@@ -230,8 +230,6 @@ pub fn allows_indexed(
             }
             let ok = if k_pos >= k_end {
                 NONE
-            } else if k_one != NONE {
-                k_one
             } else {
                 match head(k_pos) {
                     Some(o) => o,

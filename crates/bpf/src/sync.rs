@@ -113,9 +113,10 @@ enum Retired {
     Block(u32),
 }
 
-/// Index entries all endpoints together may hold in `mgy_steps` (a quarter of the map): the
-/// index only saves time, the main lists must always fit.
-const INDEX_BUDGET: usize = 65536;
+/// Index entries all endpoints together may hold in `mgy_steps` (an eighth of the map): the
+/// index only saves time, the main lists must always fit, also while a policy's port change
+/// rewrites every indexed endpoint (their old slots stay one sync: twice their entries).
+const INDEX_BUDGET: usize = 32768;
 
 /// What one sync did (for logs, stats and tests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -168,6 +169,9 @@ pub struct Syncer {
     resummarized: HashSet<Arc<BlockKey>>,
     /// No index for endpoints written from now on (benchmarks: the linear walk).
     index_off: bool,
+    /// The restored IP sets, by id, until the first sync matched them to the model's by
+    /// content (`Compiler::match_restored_sets`).
+    restored_sets: Option<BTreeMap<u32, BTreeSet<IpSetEntry>>>,
 }
 
 /// What a previous run left in the maps, read by the loader at start.
@@ -445,6 +449,7 @@ impl Syncer {
             }
         }
         self.compiler.reserve_set_ids(max_set);
+        self.restored_sets = Some(self.sets.clone());
         report
     }
 
@@ -614,6 +619,14 @@ impl Syncer {
                 return Err(e);
             }
             report.slots_freed += 1;
+        }
+        if let Some(restored) = self.restored_sets.take() {
+            let n = self.compiler.match_restored_sets(model, &restored);
+            tracing::debug!(
+                matched = n,
+                restored = restored.len(),
+                "eBPF: restored IP sets matched by content"
+            );
         }
         let compiled = self.compiler.compile(model);
         report.refused = compiled.errors.clone();
@@ -1302,8 +1315,8 @@ mod tests {
             "{r:?}"
         );
         // Per endpoint: the main list (policy, tier end), one default ref (the tier end),
-        // the default entry and the port's entry naming the policy's step directly.
-        assert_eq!(r.steps_written, 2 * 5, "{r:?}");
+        // the default entry, one ref to the policy's step and the port's entry.
+        assert_eq!(r.steps_written, 2 * 6, "{r:?}");
         let r = s.sync(&model(443, &["10.1.0.0/16"]), &mut k).expect("sync");
         assert_eq!((r.rules_written, r.steps_written), (0, 0));
         k.assert_no_leftovers();
@@ -1390,18 +1403,24 @@ mod tests {
         assert_eq!(k.eps, eps_before, "adopting writes nothing");
         assert!(s2.endpoints().all(|(_, id, _, _)| id.is_none()));
         assert_eq!(s2.owned_interfaces().len(), 3);
-        // The first sync: the Fake checks every flip; set ids never reuse the restored
-        // ones (old rules still read them).
+        // The first sync: the Fake checks every flip. Every restored set has its model
+        // set's entries (the policy's set, each endpoint's own address): each keeps its id,
+        // so every block and endpoint is claimed as it is: nothing is written.
         let r = s2.sync(&model(80, &["10.1.0.0/16"]), &mut k).expect("sync");
-        assert!(r.endpoints_flipped <= 3);
+        assert_eq!(
+            (
+                r.rules_written,
+                r.steps_written,
+                r.endpoints_flipped,
+                r.set_entries_added
+            ),
+            (0, 0, 0, 0),
+            "{r:?}"
+        );
         assert!(!k.eps.contains_key(&77), "the stale entry is gone");
         let new_ids: BTreeSet<u32> = k.sets.iter().map(|e| e.set_id).collect();
-        assert!(
-            new_ids.is_disjoint(&old_ids),
-            "{new_ids:?} vs {old_ids:?}: old set entries are removed, no id reused"
-        );
-        // Blocks without sets (the profile's empty one is not stored; the tier's deny is a
-        // step) are claimed as they are: every block id still in use was restored.
+        assert_eq!(new_ids, old_ids);
+        assert_eq!(k.blocks, blocks_before);
         assert!(s2.endpoints().all(|(_, id, _, _)| id.is_some()));
         let r = s2.sync(&model(80, &["10.1.0.0/16"]), &mut k).expect("sync");
         assert_eq!((r.rules_written, r.endpoints_flipped), (0, 0));
@@ -1415,7 +1434,28 @@ mod tests {
         slots.sort_unstable();
         slots.dedup();
         assert_eq!(slots.len(), n);
-        let _ = blocks_before;
+
+        // A set whose members changed while nobody ran matches nothing: it gets an id never
+        // used before (old rules still read the old ones) and its blocks are rewritten.
+        let mut s3 = Syncer::default();
+        s3.adopt(k.restored(), &k);
+        let r = s3
+            .sync(&model(80, &["10.1.0.0/16", "10.9.0.0/16"]), &mut k)
+            .expect("sync");
+        assert_eq!(r.rules_written, 1, "the policy's block only: {r:?}");
+        let ids: BTreeSet<u32> = k.sets.iter().map(|e| e.set_id).collect();
+        assert_eq!(
+            ids.difference(&old_ids).count(),
+            1,
+            "{ids:?} vs {old_ids:?}"
+        );
+        let max_old = old_ids.iter().max().copied().unwrap_or_default();
+        assert!(ids.difference(&old_ids).all(|id| *id > max_old));
+        s3.sync(&model(80, &["10.1.0.0/16", "10.9.0.0/16"]), &mut k)
+            .expect("sync");
+        s3.sync(&model(80, &["10.1.0.0/16", "10.9.0.0/16"]), &mut k)
+            .expect("sync");
+        k.assert_no_leftovers();
     }
 
     #[test]
