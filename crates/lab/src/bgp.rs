@@ -83,20 +83,34 @@ pub fn expected_sessions(st: &LabState) -> usize {
 pub fn wait_established(st: &LabState, limit: Duration) -> Result<Duration, LabError> {
     let started = Instant::now();
     let want = expected_sessions(st);
+    // Dual-stack: the IPv6 BIRD's mesh too (the ToR speaks IPv4 only).
+    let sockets = |n: &NodeState| {
+        let mut v = vec![(st.bird_socket(&n.name), want, "")];
+        if st.ipv6 {
+            v.push((
+                st.bird6_socket(&n.name),
+                st.nodes.len().saturating_sub(1),
+                " (IPv6)",
+            ));
+        }
+        v
+    };
     loop {
         let mut missing = Vec::new();
         for n in &st.nodes {
-            match node_sessions(st, &n.name) {
-                Ok(p) if p.len() >= want && p.iter().all(BgpPeer::is_established) => {}
-                Ok(p) => missing.push(format!(
-                    "{}: {}",
-                    n.name,
-                    p.iter()
-                        .map(|p| format!("{} {}", p.peer_ip, p.info_column()))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
-                Err(e) => missing.push(format!("{}: {e}", n.name)),
+            for (socket, want, fam) in sockets(n) {
+                match sessions(&socket) {
+                    Ok(p) if p.len() >= want && p.iter().all(BgpPeer::is_established) => {}
+                    Ok(p) => missing.push(format!(
+                        "{}{fam}: {}",
+                        n.name,
+                        p.iter()
+                            .map(|p| format!("{} {}", p.peer_ip, p.info_column()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                    Err(e) => missing.push(format!("{}{fam}: {e}", n.name)),
+                }
             }
         }
         if missing.is_empty() {
@@ -114,7 +128,17 @@ pub fn wait_established(st: &LabState, limit: Duration) -> Result<Duration, LabE
 
 /// The `proto bird` routes in a node's (or the ToR's) main table, as `ip route` prints them.
 pub fn bird_routes(netns: &str) -> Result<Vec<String>, LabError> {
-    Ok(crate::net::ip(netns, &["route", "show", "proto", "bird"])?
+    bird_routes_of(netns, false)
+}
+
+/// [`bird_routes`] of one family (`ip -6 route` with `v6`).
+pub fn bird_routes_of(netns: &str, v6: bool) -> Result<Vec<String>, LabError> {
+    let args: &[&str] = if v6 {
+        &["-6", "route", "show", "proto", "bird"]
+    } else {
+        &["route", "show", "proto", "bird"]
+    };
+    Ok(crate::net::ip(netns, args)?
         .lines()
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
@@ -140,6 +164,16 @@ pub fn wait_routes(st: &LabState, limit: Duration) -> Result<Duration, LabError>
                     missing.push(format!("{} has no route via {}", n.name, h.name));
                 }
             }
+            if st.ipv6 {
+                let routes = bird_routes_of(&n.netns, true)?;
+                for h in hosting.iter().filter(|h| h.name != n.name) {
+                    let Some(ip6) = &h.ip6 else { continue };
+                    let via = format!(" via {ip6} ");
+                    if !routes.iter().any(|r| r.contains(&via)) {
+                        missing.push(format!("{} has no IPv6 route via {}", n.name, h.name));
+                    }
+                }
+            }
         }
         if missing.is_empty() {
             return Ok(started.elapsed());
@@ -158,8 +192,20 @@ pub fn wait_routes(st: &LabState, limit: Duration) -> Result<Duration, LabError>
 pub fn render_status(st: &LabState) -> String {
     let mut s =
         String::from("BGP NODE  PEER ADDRESS    PEER TYPE           STATE  SINCE         INFO\n");
-    for n in &st.nodes {
-        match node_sessions(st, &n.name) {
+    // Dual-stack nodes run a second BIRD for IPv6: its sessions follow the IPv4 ones.
+    let sockets: Vec<(&NodeState, std::path::PathBuf)> = st
+        .nodes
+        .iter()
+        .map(|n| (n, st.bird_socket(&n.name)))
+        .chain(
+            st.nodes
+                .iter()
+                .filter(|_| st.ipv6)
+                .map(|n| (n, st.bird6_socket(&n.name))),
+        )
+        .collect();
+    for (n, socket) in sockets {
+        match sessions(&socket) {
             Ok(peers) if peers.is_empty() => s.push_str(&format!("{:<9} (no peers)\n", n.name)),
             Ok(peers) => {
                 for p in peers {

@@ -20,6 +20,34 @@ pub fn resolve_target(
     port: u16,
     udp: bool,
 ) -> Result<ProbeTarget, LabError> {
+    resolve_target_in(st, to, port, udp, 4)
+}
+
+/// `--family`: 4 or 6, anything else refused.
+pub(super) fn check_family(family: u8) -> Result<u8, LabError> {
+    match family {
+        4 | 6 => Ok(family),
+        f => Err(other(format!(
+            "--family {f}: use 4 or 6 (6 needs a dual-stack lab: `lab up --ipv6`)"
+        ))),
+    }
+}
+
+/// [`resolve_target`] in one address family: with 6 a pod or node is reached at its IPv6
+/// address (a dual-stack lab, `up --ipv6`); Services and bare addresses are what they are.
+pub fn resolve_target_in(
+    st: &LabState,
+    to: &str,
+    port: u16,
+    udp: bool,
+    family: u8,
+) -> Result<ProbeTarget, LabError> {
+    if family == 6 && !st.ipv6 {
+        return Err(other(format!(
+            "lab {:?} is IPv4 only: IPv6 probes need `margay lab up --ipv6`",
+            st.name
+        )));
+    }
     if let Some(rest) = to.strip_prefix("svc/") {
         let api = crate::ops::api_for(st)?.ok_or_else(|| {
             other(format!(
@@ -85,9 +113,16 @@ pub fn resolve_target(
         let n = st
             .node(node)
             .ok_or_else(|| other(format!("no node {node:?}")))?;
+        let ip = if family == 6 {
+            n.ip6
+                .clone()
+                .ok_or_else(|| other(format!("node {node} has no IPv6 address")))?
+        } else {
+            n.ip.clone()
+        };
         return Ok(ProbeTarget {
             label: to.to_string(),
-            ip: n.ip.clone(),
+            ip,
             port,
             udp,
         });
@@ -95,10 +130,13 @@ pub fn resolve_target(
     let dst = st
         .pod(to)
         .ok_or_else(|| other(format!("no pod {to:?} (pods: {:?})", pod_ids(st))))?;
-    let ip = dst
-        .ip
-        .as_deref()
-        .ok_or_else(|| other(format!("pod {to} has no address yet")))?;
+    let ip = if family == 6 { &dst.ip6 } else { &dst.ip };
+    let ip = ip.as_deref().ok_or_else(|| {
+        other(format!(
+            "pod {to} has no IPv{family} address{}",
+            if family == 6 { "" } else { " yet" }
+        ))
+    })?;
     Ok(ProbeTarget {
         label: to.to_string(),
         ip: ip.to_string(),
@@ -188,10 +226,11 @@ pub(super) fn probe_cmd(
     protocol: &str,
     timeout_ms: u64,
     show: bool,
+    family: u8,
     out: &mut dyn Write,
 ) -> Result<u8, LabError> {
     let st = load(which)?;
-    let target = resolve_target(&st, to, port, udp_flag(protocol)?)?;
+    let target = resolve_target_in(&st, to, port, udp_flag(protocol)?, check_family(family)?)?;
     let reply = probe_to(&st, from, &target, timeout_ms)?;
     let proto = if target.udp { "udp" } else { "tcp" };
     let _ = writeln!(
@@ -215,9 +254,21 @@ pub fn matrix(
     timeout_ms: u64,
     services: &[String],
 ) -> Result<BTreeMap<String, BTreeMap<String, bool>>, LabError> {
+    matrix_in(st, port, udp, timeout_ms, services, 4)
+}
+
+/// [`matrix`] with the pods reached at their addresses of `family` (4 or 6).
+pub fn matrix_in(
+    st: &LabState,
+    port: u16,
+    udp: bool,
+    timeout_ms: u64,
+    services: &[String],
+    family: u8,
+) -> Result<BTreeMap<String, BTreeMap<String, bool>>, LabError> {
     let mut targets: Vec<ProbeTarget> = Vec::new();
     for p in &st.pods {
-        targets.push(resolve_target(st, &p.id, port, udp)?);
+        targets.push(resolve_target_in(st, &p.id, port, udp, family)?);
     }
     // Services as extra columns (resolved once).
     for s in services {
@@ -296,11 +347,13 @@ pub(super) fn matrix_cmd(
     output: &str,
     explain: bool,
     services: &[String],
+    family: u8,
     out: &mut dyn Write,
 ) -> Result<u8, LabError> {
     let st = load(which)?;
     let since = now_ms();
-    let m = matrix(&st, port, udp_flag(protocol)?, timeout_ms, services)?;
+    let family = check_family(family)?;
+    let m = matrix_in(&st, port, udp_flag(protocol)?, timeout_ms, services, family)?;
     if explain {
         // The flow records of the matrix's denied probes (flows are closed every second).
         std::thread::sleep(Duration::from_millis(1500));
@@ -313,7 +366,17 @@ pub(super) fn matrix_cmd(
             },
         )?;
         let proto = if udp_flag(protocol)? { 17 } else { 6 };
-        let ip_of = |id: &str| st.pod(id).and_then(|p| p.ip.clone()).unwrap_or_default();
+        let ip_of = |id: &str| {
+            st.pod(id)
+                .and_then(|p| {
+                    if family == 6 {
+                        p.ip6.clone()
+                    } else {
+                        p.ip.clone()
+                    }
+                })
+                .unwrap_or_default()
+        };
         let mut lines = Vec::new();
         for (from, row) in &m {
             for (to, ok) in row {
