@@ -21,7 +21,8 @@ use crate::topology::{NamespaceSpec, PodSpec};
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// The roles `lab node stop` stops, by pid file in the node's directory (network-condition
 /// first: on SIGTERM it marks the Node's network unavailable while Felix still runs).
-const NODE_ROLES: [&str; 4] = ["network-condition", "felix", "confd", "bird"];
+// `bird6`: a dual-stack node's IPv6 BIRD (`up --ipv6 --backend bird`).
+const NODE_ROLES: [&str; 5] = ["network-condition", "felix", "confd", "bird", "bird6"];
 
 /// An exclusive lock on the lab's state, held until dropped.
 pub struct StateLock(std::fs::File);

@@ -355,3 +355,44 @@ spec:
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// `lab up --ipv6 --datastore kubernetes`: the lab's kubelet reports both addresses in the
+/// Pod's `status.podIPs`, from which Calico's endpoints take their networks, so a Kubernetes
+/// NetworkPolicy applied with kubectl gives the same verdicts in both families.
+#[test]
+fn dual_stack_kubernetes_lab() {
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let lab = Lab::up_with("sixk", &["--ipv6", "--datastore", "kubernetes"]);
+    let pod = lab.ok(&["kubectl", "--", "get", "pod", "-n", "x", "a", "-o", "json"]);
+    let pod: Value = serde_json::from_str(&pod).unwrap();
+    let ips: Vec<&str> = pod["status"]["podIPs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["ip"].as_str().unwrap())
+        .collect();
+    assert!(
+        ips.len() == 2 && ips[1].starts_with("fd00:10:244:"),
+        "{ips:?}"
+    );
+    let f = lab.dir.join("np.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: from-x, namespace: 'y'}
+spec:
+  podSelector: {}
+  ingress:
+  - from:
+    - namespaceSelector:
+        matchLabels: {ns: x}",
+    )
+    .unwrap();
+    lab.ok(&["kubectl", "--", "apply", "-f", f.to_str().unwrap()]);
+    let result = converge_both(&lab, |f, _, t, _| t != "y" || f == "x");
+    assert!(result.is_ok(), "{result:?}");
+}

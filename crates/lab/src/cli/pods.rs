@@ -68,7 +68,7 @@ pub(crate) fn wire_pod(
             &crate::kube::PODS,
             Some(&spec.namespace),
             &spec.name,
-            &k8s::pod_running_patch(&ip, &node_ip, &pod.container_id),
+            &k8s::pod_running_patch(&ip, st.pods[i].ip6.as_deref(), &node_ip, &pod.container_id),
         )?;
     }
     Ok(())
