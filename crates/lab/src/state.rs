@@ -28,6 +28,9 @@ pub struct TorState {
     pub netns: String,
     pub ip: String,
     pub asn: u32,
+    /// `--ipv6`: its IPv6 address on the fabric (a second BIRD peers with the nodes over it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +151,9 @@ impl LabState {
         for (i, n) in self.nodes.iter_mut().enumerate() {
             n.ip6 = Some(format!("{FABRIC_PREFIX_V6}{}", 11 + i));
         }
+        if let Some(tor) = &mut self.tor {
+            tor.ip6 = Some(format!("{FABRIC_PREFIX_V6}2"));
+        }
         self
     }
 
@@ -157,6 +163,7 @@ impl LabState {
             netns: format!("{}tor", self.prefix),
             ip: TOR_IP.to_string(),
             asn,
+            ip6: None,
         });
         self
     }

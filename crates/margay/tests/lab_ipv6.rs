@@ -282,8 +282,9 @@ spec:
     );
 }
 
-/// `lab up --ipv6 --backend bird`: confd renders bird6.cfg, a second BIRD 2 per node meshes
-/// over IPv6 and routes the other node's IPv6 block unencapsulated (no VXLAN device at all);
+/// `lab up --ipv6 --backend bird --tor`: confd renders bird6.cfg, a second BIRD 2 per node
+/// meshes over IPv6 (and peers with the ToR's IPv6 BIRD, which learns every node's IPv6
+/// block) and routes the other node's IPv6 block unencapsulated (no VXLAN device at all);
 /// pods reach each other over IPv6 and a policy gives the same verdicts in both families.
 #[test]
 fn dual_stack_bird_routes_ipv6_unencapsulated() {
@@ -295,9 +296,18 @@ fn dual_stack_bird_routes_ipv6_unencapsulated() {
         eprintln!("skipped: bird is not installed (scripts/setup installs bird2)");
         return;
     }
-    let lab = Lab::up_with("sixb", &["--ipv6", "--backend", "bird"]);
+    let lab = Lab::up_with("sixb", &["--ipv6", "--backend", "bird", "--tor"]);
     let status = lab.status();
     let nodes = status["nodes"].as_array().unwrap().clone();
+    // The ToR learns both nodes' IPv6 blocks over its IPv6 sessions (which node it picks as
+    // next hop is BGP's choice: each node also re-advertises what the mesh taught it).
+    let tor = status["tor"]["netns"].as_str().unwrap();
+    let tor_routes = node_cmd(tor, &["-6", "route", "show", "proto", "bird"]);
+    let blocks = tor_routes
+        .lines()
+        .filter(|l| l.starts_with("fd00:10:244:") && l.contains("/122 via fd00:172:30::1"))
+        .count();
+    assert_eq!(blocks, 2, "ToR's IPv6 BIRD routes:\n{tor_routes}");
     for n in &nodes {
         let netns = n["netns"].as_str().unwrap();
         let others: Vec<&str> = nodes

@@ -326,7 +326,20 @@ pub(super) fn start_tor(
     let cfg = dir.join("bird.cfg");
     std::fs::write(&cfg, crate::bgp::tor_config(tor, &st.nodes))
         .map_err(|e| other(format!("{}: {e}", cfg.display())))?;
-    supervise(exe, &dir, "bird", true, &[], &bird_argv(&tor.netns, &dir))
+    supervise(exe, &dir, "bird", true, &[], &bird_argv(&tor.netns, &dir))?;
+    if let Some(cfg6) = crate::bgp::tor_config6(tor, &st.nodes) {
+        let file = dir.join("bird6.cfg");
+        std::fs::write(&file, cfg6).map_err(|e| other(format!("{}: {e}", file.display())))?;
+        supervise(
+            exe,
+            &dir,
+            "bird6",
+            true,
+            &[],
+            &bird_argv_named(&tor.netns, &dir, "bird6"),
+        )?;
+    }
+    Ok(())
 }
 
 /// BGP backend: `margay confd` on a node (supervised).

@@ -76,11 +76,6 @@ pub(super) fn up(
                 "--ipv6 needs --dataplane linux (the eBPF dataplane does not carry IPv6)",
             ));
         }
-        if tor.is_some() {
-            return Err(other(
-                "--ipv6 with --tor is not supported yet (the ToR peers over IPv4 only)",
-            ));
-        }
         st = st.with_ipv6();
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -237,6 +232,14 @@ pub(super) fn build(
             &tor.netns,
             &["addr", "add", &format!("{}/24", tor.ip), "dev", "eth0"],
         )?;
+        if let Some(ip6) = &tor.ip6 {
+            net::ip(
+                &tor.netns,
+                &["addr", "add", &format!("{ip6}/64"), "dev", "eth0", "nodad"],
+            )?;
+            // The ToR is not margay's: the lab prepares it as its operator would.
+            net::sysctl(&tor.netns, "net.ipv6.conf.all.forwarding", "1")?;
+        }
         net::ip(&tor.netns, &["link", "set", "eth0", "up"])?;
         net::sysctl(&tor.netns, "net.ipv4.ip_forward", "1")?;
     }

@@ -202,15 +202,14 @@ fn dual_stack_pods_reach_each_other() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&sysctls.stdout), "0\n0\n1\n1\n0\n");
-    let inside = a
-        .ns
-        .exec("cat")
-        .args([
-            "/proc/sys/net/ipv6/conf/eth0/accept_dad",
-            "/proc/sys/net/ipv6/conf/all/forwarding",
-        ])
-        .output()
-        .unwrap();
+    let inside =
+        a.ns.exec("cat")
+            .args([
+                "/proc/sys/net/ipv6/conf/eth0/accept_dad",
+                "/proc/sys/net/ipv6/conf/all/forwarding",
+            ])
+            .output()
+            .unwrap();
     assert_eq!(String::from_utf8_lossy(&inside.stdout), "0\n0\n");
     for (p, r) in [(&a, &ra), (&b, &rb)] {
         let o = node.check(p, &conf, r);
