@@ -813,3 +813,77 @@ pub(super) fn bench(
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod family_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::state::PodState;
+
+    fn lab(ipv6: bool) -> LabState {
+        let mut st = LabState::new(
+            "t",
+            Path::new("/tmp/t"),
+            "local",
+            "vxlan",
+            default_topology(2),
+        );
+        if ipv6 {
+            st = st.with_ipv6();
+        }
+        let pod: &mut PodState = &mut st.pods[0];
+        pod.ip = Some("10.244.1.2".into());
+        pod.ip6 = ipv6.then(|| "fd00:10:244::2".to_string());
+        st
+    }
+
+    #[test]
+    fn targets_in_each_family() {
+        let st = lab(true);
+        let t = resolve_target_in(&st, "x/a", 80, false, 6).unwrap();
+        assert_eq!(t.ip, "fd00:10:244::2");
+        assert_eq!(
+            resolve_target_in(&st, "x/a", 80, false, 4).unwrap().ip,
+            "10.244.1.2"
+        );
+        assert_eq!(
+            resolve_target_in(&st, "node/node2", 80, false, 6)
+                .unwrap()
+                .ip,
+            "fd00:172:30::12"
+        );
+        assert_eq!(
+            resolve_target_in(&st, "node/node2", 80, false, 4)
+                .unwrap()
+                .ip,
+            "172.30.0.12"
+        );
+        // A pod without its IPv6 address yet is an error naming it, never a wrong target.
+        let e = resolve_target_in(&st, "x/b", 80, false, 6).unwrap_err();
+        assert!(e.to_string().contains("pod x/b has no IPv6 address"), "{e}");
+    }
+
+    #[test]
+    fn ipv6_probes_need_a_dual_stack_lab_and_families_are_4_or_6() {
+        let e = resolve_target_in(&lab(false), "x/a", 80, false, 6).unwrap_err();
+        assert!(e.to_string().contains("lab up --ipv6"), "{e}");
+        for bad in [0, 5, 46, 255] {
+            let e = check_family(bad).unwrap_err();
+            assert!(e.to_string().contains("use 4 or 6"), "{e}");
+        }
+        assert_eq!(check_family(6).unwrap(), 6);
+    }
+
+    #[test]
+    fn old_state_files_load_as_ipv4_only() {
+        // A state file written before --ipv6 existed (no ipv6/ip6 fields).
+        let mut v = serde_json::to_value(lab(false)).unwrap();
+        assert!(v.get("ipv6").is_none() && v["nodes"][0].get("ip6").is_none());
+        v["pods"][0].as_object_mut().unwrap().remove("ip6");
+        let st: LabState = serde_json::from_value(v).unwrap();
+        assert!(!st.ipv6 && st.nodes[0].ip6.is_none() && st.pods[0].ip6.is_none());
+        let dual: LabState =
+            serde_json::from_value(serde_json::to_value(lab(true)).unwrap()).unwrap();
+        assert_eq!(dual, lab(true));
+    }
+}
