@@ -6,16 +6,24 @@
 //!
 //! Threads: one reader per NFLOG group, or one ring-buffer reader (bounded reads of 200 ms
 //! so they stop promptly), and a flusher that closes the aggregation interval every second
-//! (a flow is visible ≤ 1 s after its first packet). Everything is bounded: per interval at
+//! (a flow is visible ≤ 1 s after its first packet). With nftables, a conntrack poller
+//! (every [`CONNTRACK_POLL`], as Calico's Felix) adds the packets and bytes of the allowed
+//! connections it saw start, in a record per interval while they move data, and marks their
+//! end (`nf_conntrack_acct=1` is set in Felix's namespace, as Calico does).
+//!
+//! Both ends of a flow are named from a [`PeerDirectory`] of the whole cluster (every
+//! workload endpoint on every node, host endpoints, network sets) that the calculation thread
+//! keeps from the datastore's updates; the local dataplane model is the fallback. Everything is bounded: per interval at
 //! most [`MAX_FLOWS`] flows (what is shed is counted), the ring [`Ring::DEFAULT_CAPACITY`]
 //! flows, a query [`MAX_ANSWER`]; the ring buffer's overflow is counted by the program.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use margay_api::{Kind, Resource, ResourceKey};
 use margay_bpf::flows::FlowReader;
 use margay_bpf::layout::FlowEvent;
 use margay_dataplane::Recording;
@@ -23,7 +31,11 @@ use margay_dataplane::bpf_driver::BpfFlowSource;
 use margay_dataplane::nft::render::{
     FLOW_LOG_GROUP_EGRESS, FLOW_LOG_GROUP_INGRESS, FLOW_LOG_SNAPLEN,
 };
-use margay_flows::{Aggregator, Filter, Numbered, Observation, Peer, PrefixTable, Ring};
+use margay_flows::peers::{label_strings, parse_net};
+use margay_flows::{
+    Aggregator, Count, Filter, Numbered, Observation, Peer, PeerDirectory, PrefixTable, Ring,
+    Traffic, Tuple,
+};
 use margay_netlink::nflog::{Nflog, NflogPacket};
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +48,106 @@ pub const MAX_ANSWER: usize = 4095;
 /// How often the rule table and the address map are rebuilt from the dataplane model, at
 /// most (on a prefix or address not known yet).
 const REFRESH: Duration = Duration::from_secs(1);
+/// How often conntrack is read for the traffic of allowed connections (Calico's 5 s).
+pub const CONNTRACK_POLL: Duration = Duration::from_secs(5);
+/// Allowed connections followed in conntrack at once; more are not counted (and counted).
+pub const MAX_LIVE: usize = 20_000;
+/// Entries one conntrack read looks at, at most, and how long it may take.
+const CONNTRACK_MAX_ENTRIES: usize = 2_000_000;
+const CONNTRACK_DEADLINE: Duration = Duration::from_secs(3);
+
+/// Who each address of the cluster is, kept by the calculation thread.
+pub type PeerFeed = Arc<RwLock<PeerDirectory>>;
+
+/// Files the datastore updates that name addresses (workload and host endpoints, network
+/// sets) in the directory; other kinds are ignored. One write lock per batch.
+pub fn feed_peers(dir: &RwLock<PeerDirectory>, updates: &[(ResourceKey, Option<Resource>)]) {
+    let named = |k: &ResourceKey| {
+        matches!(
+            k.kind,
+            Kind::WorkloadEndpoint | Kind::HostEndpoint | Kind::NetworkSet | Kind::GlobalNetworkSet
+        )
+    };
+    if !updates.iter().any(|(k, _)| named(k)) {
+        return;
+    }
+    let mut dir = dir.write().unwrap_or_else(|e| e.into_inner());
+    for (key, value) in updates.iter().filter(|(k, _)| named(k)) {
+        let id = format!("{}/{}/{}", key.kind.name(), key.namespace, key.name);
+        let nets = |list: &[String]| list.iter().filter_map(|n| parse_net(n)).collect();
+        let peer = |kind: &str, namespace: &str, name: &str, labels| Peer {
+            kind: kind.into(),
+            namespace: if namespace.is_empty() { "-" } else { namespace }.into(),
+            name: name.into(),
+            labels,
+        };
+        let entry = match value {
+            Some(Resource::WorkloadEndpoint(w)) => {
+                let name = [&w.spec.pod, &w.spec.workload, &w.metadata.name]
+                    .into_iter()
+                    .find(|n| !n.is_empty())
+                    .map_or("", |n| n.as_str());
+                Some((
+                    peer(
+                        "wep",
+                        &key.namespace,
+                        name,
+                        label_strings(&w.metadata.labels),
+                    ),
+                    nets(&w.spec.ip_networks),
+                ))
+            }
+            Some(Resource::HostEndpoint(h)) => Some((
+                peer("hep", "", &key.name, label_strings(&h.metadata.labels)),
+                nets(&h.spec.expected_ips),
+            )),
+            Some(Resource::NetworkSet(n)) => Some((
+                peer(
+                    "ns",
+                    &key.namespace,
+                    &key.name,
+                    label_strings(&n.metadata.labels),
+                ),
+                nets(&n.spec.nets),
+            )),
+            Some(Resource::GlobalNetworkSet(n)) => Some((
+                peer("ns", "", &key.name, label_strings(&n.metadata.labels)),
+                nets(&n.spec.nets),
+            )),
+            _ => None,
+        };
+        match entry {
+            Some((p, n)) => dir.upsert(&id, p, n),
+            None => dir.remove(&id),
+        }
+    }
+}
+
+/// An allowed connection followed in conntrack.
+struct LiveFlow {
+    rule: margay_flows::RuleRef,
+    tier: String,
+    /// Shared with the directory (or the one copy for a peer it does not know).
+    source: Arc<Peer>,
+    dest: Arc<Peer>,
+    /// Its counters at the last read.
+    last: Traffic,
+    /// Whether a read has found its conntrack entry (one that never has — a packet dropped
+    /// further on, before conntrack confirmed it — ends without a record).
+    found: bool,
+    /// When its first packet was seen (a read that started before cannot have seen it).
+    since_ms: u64,
+}
+
+/// The allowed connections being counted, by tuple (a connection between two local
+/// endpoints has two: the source's egress rule and the destination's ingress rule).
+#[derive(Default)]
+struct Live {
+    flows: HashMap<Tuple, Vec<LiveFlow>>,
+    len: usize,
+    /// Connections not followed because [`MAX_LIVE`] were.
+    shed: u64,
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -81,6 +193,12 @@ pub struct FlowLogs {
     overruns: AtomicU64,
     /// eBPF: events the program could not queue (ring buffer full).
     ring_drops: AtomicU64,
+    /// The cluster's addresses, by the calculation thread.
+    peers: PeerFeed,
+    /// Allowed connections counted from conntrack (nftables only).
+    live: Option<Mutex<Live>>,
+    /// Conntrack reads that failed or were cut short.
+    conntrack_errors: AtomicU64,
 }
 
 /// A `flows` request: `flows?last=20&after=5&denied=1&namespace=shop&pod=web&policy=x`.
@@ -161,6 +279,12 @@ pub struct Answer {
     /// eBPF: flow events the program dropped because the ring buffer was full.
     #[serde(default)]
     pub ring_drops: u64,
+    /// Allowed connections whose traffic is being counted from conntrack, and those not
+    /// counted because too many were.
+    #[serde(default)]
+    pub live_flows: u64,
+    #[serde(default)]
+    pub live_shed: u64,
 }
 
 impl FlowLogs {
@@ -170,10 +294,11 @@ impl FlowLogs {
         node: &str,
         recording: Recording,
         file: Option<FileSink>,
+        peers: PeerFeed,
     ) -> std::io::Result<Arc<FlowLogs>> {
         let ingress = Nflog::bind(FLOW_LOG_GROUP_INGRESS, FLOW_LOG_SNAPLEN)?;
         let egress = Nflog::bind(FLOW_LOG_GROUP_EGRESS, FLOW_LOG_SNAPLEN)?;
-        let (logs, file_interval) = Self::new(node, recording, file)?;
+        let (logs, file_interval) = Self::new(node, recording, file, peers, true)?;
         for (name, mut sock) in [("flows-ingress", ingress), ("flows-egress", egress)] {
             let l = logs.clone();
             std::thread::Builder::new()
@@ -201,6 +326,7 @@ impl FlowLogs {
                 })?;
         }
         logs.spawn_flusher(file_interval)?;
+        logs.spawn_conntrack_poller()?;
         Ok(logs)
     }
 
@@ -213,11 +339,12 @@ impl FlowLogs {
         node: &str,
         recording: Recording,
         file: Option<FileSink>,
+        peers: PeerFeed,
         source: BpfFlowSource,
     ) -> std::io::Result<Arc<FlowLogs>> {
         let mut reader = FlowReader::open(&source.pin_dir).map_err(std::io::Error::other)?;
         source.want();
-        let (logs, file_interval) = Self::new(node, recording, file)?;
+        let (logs, file_interval) = Self::new(node, recording, file, peers, false)?;
         let l = logs.clone();
         std::thread::Builder::new()
             .name("flows-bpf".into())
@@ -276,6 +403,8 @@ impl FlowLogs {
         node: &str,
         recording: Recording,
         file: Option<FileSink>,
+        peers: PeerFeed,
+        counting: bool,
     ) -> std::io::Result<(Arc<FlowLogs>, Option<Duration>)> {
         let sink = match &file {
             Some(f) => Some((
@@ -311,6 +440,9 @@ impl FlowLogs {
             unknown_prefixes: AtomicU64::new(0),
             overruns: AtomicU64::new(0),
             ring_drops: AtomicU64::new(0),
+            peers,
+            live: counting.then(|| Mutex::new(Live::default())),
+            conntrack_errors: AtomicU64::new(0),
         });
         Ok((logs, file_interval))
     }
@@ -435,27 +567,205 @@ impl FlowLogs {
         tier: String,
     ) {
         *lock(&self.per_rule).entry(rule.clone()).or_default() += 1;
-        let peer = |ip: IpAddr| {
-            lookup
-                .peers
-                .get(&ip)
-                .cloned()
-                .unwrap_or_else(|| Peer::network(ip))
+        let (source, dest) = {
+            let dir = self.peers.read().unwrap_or_else(|e| e.into_inner());
+            // The cluster's directory first (remote endpoints, network sets, labels), then
+            // the local model (endpoints the datastore feed has not named yet).
+            let peer = |ip: IpAddr| match dir.lookup(ip) {
+                Some(p) => p,
+                None => Arc::new(
+                    lookup
+                        .peers
+                        .get(&ip)
+                        .cloned()
+                        .unwrap_or_else(|| Peer::network(ip)),
+                ),
+            };
+            (peer(tuple.src), peer(tuple.dst))
         };
+        drop(lookup);
+        if rule.action == margay_flows::Action::Allow
+            && let Some(live) = &self.live
+        {
+            let mut live = lock(live);
+            let followed = live
+                .flows
+                .get(&tuple)
+                .is_some_and(|v| v.iter().any(|f| f.rule == rule));
+            if !followed {
+                if live.len >= MAX_LIVE {
+                    live.shed += 1;
+                } else {
+                    live.len += 1;
+                    live.flows.entry(tuple).or_default().push(LiveFlow {
+                        rule: rule.clone(),
+                        tier: tier.clone(),
+                        source: source.clone(),
+                        dest: dest.clone(),
+                        last: Traffic::default(),
+                        found: false,
+                        since_ms: at_ms,
+                    });
+                }
+            }
+        }
         let o = Observation {
             at_ms,
             tuple,
             bytes,
             rule,
             tier,
-            source: peer(tuple.src),
-            dest: peer(tuple.dst),
+            source: (*source).clone(),
+            dest: (*dest).clone(),
         };
-        drop(lookup);
         if let Some((agg, _)) = &self.file {
             lock(agg).observe(o.clone());
         }
         lock(&self.aggregator).observe(o);
+    }
+
+    /// Reads conntrack every [`CONNTRACK_POLL`] (nftables only: the eBPF dataplane's
+    /// conntrack is its own map).
+    fn spawn_conntrack_poller(self: &Arc<Self>) -> std::io::Result<()> {
+        if self.live.is_none() {
+            return Ok(());
+        }
+        // Packet and byte counters need accounting on (a per-namespace setting; Calico's
+        // Felix sets it too). Without it connections are still followed to their end.
+        let procsys = margay_netlink::sysctl::ProcSys::default();
+        if let Err(e) = procsys.write("net/netfilter/nf_conntrack_acct", "1") {
+            tracing::warn!(error = %e, "cannot turn conntrack accounting on; flow records will have no packet/byte counts");
+        }
+        let l = self.clone();
+        std::thread::Builder::new()
+            .name("flows-conntrack".into())
+            .spawn(move || {
+                let mut next = Instant::now() + CONNTRACK_POLL;
+                while !l.stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(200));
+                    if Instant::now() < next {
+                        continue;
+                    }
+                    next = Instant::now() + CONNTRACK_POLL;
+                    l.poll_conntrack();
+                }
+            })?;
+        Ok(())
+    }
+
+    /// One conntrack read: the traffic each followed connection moved since the last read,
+    /// and the end of those that closed or are gone, into the current interval.
+    fn poll_conntrack(&self) {
+        let Some(live) = &self.live else { return };
+        let started = now_ms();
+        let wanted: std::collections::HashSet<Tuple> = lock(live).flows.keys().copied().collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let tuple_of = |t: &margay_netlink::conntrack::CtTuple| Tuple {
+            src: t.src,
+            dst: t.dst,
+            proto: t.proto,
+            src_port: t.src_port,
+            dst_port: t.dst_port,
+        };
+        // A connection's first packet is logged after any DNAT (a Service's backend) and
+        // before SNAT (NAT outgoing): the reply tuple reversed matches the first, the
+        // original tuple the second.
+        let mut found: HashMap<Tuple, (Traffic, bool)> = HashMap::new();
+        let result =
+            margay_netlink::conntrack::dump(CONNTRACK_MAX_ENTRIES, CONNTRACK_DEADLINE, |e| {
+                let orig = tuple_of(&e.orig);
+                let reply = tuple_of(&e.reply);
+                let reversed = Tuple {
+                    src: reply.dst,
+                    dst: reply.src,
+                    proto: reply.proto,
+                    src_port: reply.dst_port,
+                    dst_port: reply.src_port,
+                };
+                let key = if wanted.contains(&orig) {
+                    orig
+                } else if e.orig.proto != 1 && e.orig.proto != 58 && wanted.contains(&reversed) {
+                    reversed
+                } else {
+                    return;
+                };
+                let (o, r) = (
+                    e.orig_counters.unwrap_or_default(),
+                    e.reply_counters.unwrap_or_default(),
+                );
+                found.insert(
+                    key,
+                    (
+                        Traffic {
+                            orig_packets: o.packets,
+                            orig_bytes: o.bytes,
+                            reply_packets: r.packets,
+                            reply_bytes: r.bytes,
+                        },
+                        e.tcp_ended(),
+                    ),
+                );
+            });
+        let complete = match result {
+            Ok(stats) if !stats.truncated => true,
+            Ok(_) => {
+                // Not read whole: counts are kept, but nothing is declared ended.
+                self.conntrack_errors.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            Err(e) => {
+                if self.conntrack_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(error = %e, "cannot read conntrack; flow records go without packet/byte counts (further errors are only counted)");
+                }
+                return;
+            }
+        };
+        let at = now_ms();
+        let mut counts = Vec::new();
+        {
+            let mut live = lock(live);
+            let mut ended = 0;
+            live.flows.retain(|tuple, flows| {
+                let seen = found.get(tuple);
+                flows.retain_mut(|f| {
+                    let (traffic, gone) = match seen {
+                        Some((now, closed)) => (now.since(&f.last), *closed),
+                        // Gone from the table, unless it started after the read did.
+                        None => (Traffic::default(), complete && f.since_ms < started),
+                    };
+                    if let Some((now, _)) = seen {
+                        f.last = *now;
+                        f.found = true;
+                    }
+                    if !traffic.is_zero() || (gone && f.found) {
+                        counts.push(Count {
+                            at_ms: at,
+                            tuple: *tuple,
+                            rule: f.rule.clone(),
+                            tier: f.tier.clone(),
+                            source: (*f.source).clone(),
+                            dest: (*f.dest).clone(),
+                            traffic,
+                            completed: gone,
+                        });
+                    }
+                    if gone {
+                        ended += 1;
+                    }
+                    !gone
+                });
+                !flows.is_empty()
+            });
+            live.len -= ended;
+        }
+        for c in counts {
+            if let Some((agg, _)) = &self.file {
+                lock(agg).count(c.clone());
+            }
+            lock(&self.aggregator).count(c);
+        }
     }
 
     /// Writes the file interval's flows, one JSON object per line.
@@ -540,6 +850,8 @@ impl FlowLogs {
             overruns: self.overruns.load(Ordering::Relaxed),
             unknown_prefixes: self.unknown_prefixes.load(Ordering::Relaxed),
             ring_drops: self.ring_drops.load(Ordering::Relaxed),
+            live_flows: self.live.as_ref().map_or(0, |l| lock(l).len as u64),
+            live_shed: self.live.as_ref().map_or(0, |l| lock(l).shed),
         }
     }
 }

@@ -103,9 +103,20 @@ fn print(a: &FlowsArgs, answer: &Answer, out: &mut dyn Write) -> std::io::Result
                 format!("{who} ({ip}:{port})")
             }
         };
+        // What conntrack counted of an allowed connection in the interval, and its end.
+        let mut traffic = String::new();
+        if r.packets_in + r.packets_out > 0 {
+            traffic = format!(
+                " · in {} pkt {} B, out {} pkt {} B",
+                r.packets_in, r.bytes_in, r.packets_out, r.bytes_out
+            );
+        }
+        if r.num_flows_completed > 0 {
+            traffic.push_str(" · ended");
+        }
         writeln!(
             out,
-            "{} {} -> {} {} {} by {}",
+            "{} {} -> {} {} {} by {}{traffic}",
             time_of(r.start_ms),
             end(&r.source, r.tuple.src, r.tuple.src_port),
             end(&r.dest, r.tuple.dst, r.tuple.dst_port),

@@ -67,7 +67,52 @@ pub struct FlowRecord {
     pub bytes: u64,
     /// Connections counted in this record.
     pub num_flows: u64,
+    /// Connections that started and ended in this record's interval (Calico's
+    /// numFlowsStarted / numFlowsCompleted).
+    #[serde(default)]
+    pub num_flows_started: u64,
+    #[serde(default)]
+    pub num_flows_completed: u64,
+    /// Traffic of allowed connections in the interval, from conntrack's counters, seen from
+    /// the reporting endpoint (Calico's packetsIn/Out, bytesIn/Out): for `src` "out" is what
+    /// the source sent, for `dst` "in" is. Zero where the dataplane has no counters.
+    #[serde(default)]
+    pub packets_in: u64,
+    #[serde(default)]
+    pub packets_out: u64,
+    #[serde(default)]
+    pub bytes_in: u64,
+    #[serde(default)]
+    pub bytes_out: u64,
     pub node: String,
+}
+
+/// Traffic counted for one connection since its last count: what the connection's source
+/// sent (`orig`) and what came back (`reply`), packets and bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub orig_packets: u64,
+    pub orig_bytes: u64,
+    pub reply_packets: u64,
+    pub reply_bytes: u64,
+}
+
+impl Traffic {
+    pub fn is_zero(&self) -> bool {
+        *self == Traffic::default()
+    }
+
+    /// What grew from `before` to `self` (a counter that went down — a new connection
+    /// in the same tuple — counts from zero).
+    pub fn since(&self, before: &Traffic) -> Traffic {
+        let d = |now: u64, then: u64| if now >= then { now - then } else { now };
+        Traffic {
+            orig_packets: d(self.orig_packets, before.orig_packets),
+            orig_bytes: d(self.orig_bytes, before.orig_bytes),
+            reply_packets: d(self.reply_packets, before.reply_packets),
+            reply_bytes: d(self.reply_bytes, before.reply_bytes),
+        }
+    }
 }
 
 impl FlowRecord {

@@ -406,6 +406,25 @@ spec:
     destination: {ports: [81, 82]}
 ";
 
+/// A pod on another node (its address is on the outside namespace's loopback in the flow
+/// test) and a network set holding the outside address.
+const FAR_POD: &str = "10.65.1.7";
+const FAR_PEERS: &str = "apiVersion: projectcalico.org/v3
+kind: WorkloadEndpoint
+metadata:
+  name: nodeb-k8s-far-eth0
+  namespace: prod
+  labels: {app: far}
+spec: {orchestrator: k8s, node: nodeb, pod: far, endpoint: eth0, interfaceName: califar0, ipNetworks: [10.65.1.7/32], profiles: [kns.prod]}
+---
+apiVersion: projectcalico.org/v3
+kind: GlobalNetworkSet
+metadata:
+  name: outside-world
+  labels: {zone: outside}
+spec: {nets: [198.51.100.1/32]}
+";
+
 const LOG_WEB: &str = "apiVersion: projectcalico.org/v3
 kind: GlobalNetworkPolicy
 metadata: {name: log-web}
@@ -910,6 +929,100 @@ fn flow_logs_name_the_rule_that_decided_each_connection() {
     assert!(flows(&["--denied"]).iter().all(|r| r["action"] == "deny"));
     assert!(flows(&["--namespace", "other"]).is_empty());
 
+    // Peers beyond this node are named from the datastore, with their labels: a pod on
+    // another node (its address answered by the outside namespace, as a remote pod would be
+    // behind the uplink) and a network set.
+    env.outside
+        .add_addr("lo", &format!("{FAR_POD}/32"))
+        .unwrap();
+    env.apply("far.yaml", FAR_PEERS);
+    let named = felix.wait_for("the network set named", Duration::from_secs(10), || {
+        assert!(env.tcp(WEB, OUTSIDE, 9000, "2"), "the outside is allowed");
+        let f = flows(&["--pod", "prod/web"]);
+        match f
+            .iter()
+            .find(|r| r["tuple"]["dst"] == OUTSIDE && r["dest"]["type"] == "ns")
+        {
+            Some(r) => Ok(r.clone()),
+            None => Err(format!("{f:?}")),
+        }
+    });
+    assert_eq!(named["dest"]["name"], "outside-world", "{named}");
+    assert!(
+        named["dest"]["labels"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("zone=outside")),
+        "{named}"
+    );
+    assert!(
+        named["source"]["labels"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("app=web")),
+        "{named}"
+    );
+
+    // A long-lived connection to the remote pod: records while it moves data, with
+    // conntrack's packet and byte counts, and one that says it ended.
+    let pod_ns = std::fs::File::open(format!("/var/run/netns/{}", env.pods[WEB].0.name())).unwrap();
+    let mut conn = margay_netlink::netns::run_in(&pod_ns, || {
+        std::net::TcpStream::connect_timeout(
+            &format!("{FAR_POD}:9000").parse().unwrap(),
+            Duration::from_secs(5),
+        )
+    })
+    .unwrap();
+    let local_port = conn.local_addr().unwrap().port();
+    let of_conn = |r: &Value| r["tuple"]["dst"] == FAR_POD && r["tuple"]["src_port"] == local_port;
+    let mut sent = 0u64;
+    let t = Instant::now();
+    let live = loop {
+        conn.write_all(&[b'x'; 1000]).unwrap();
+        sent += 1000;
+        std::thread::sleep(Duration::from_millis(250));
+        let f = flows(&["--pod", "prod/web", "--last", "200"]);
+        if let Some(r) = f
+            .iter()
+            .find(|r| of_conn(r) && r["packets_out"].as_u64() > Some(0))
+        {
+            break r.clone();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "no counted record for the live connection: {f:?}"
+        );
+    };
+    assert_eq!(live["dest"]["type"], "wep", "{live}");
+    assert_eq!(live["dest"]["namespace"], "prod", "{live}");
+    assert_eq!(live["dest"]["name"], "far", "{live}");
+    assert!(
+        live["dest"]["labels"]
+            .as_array()
+            .unwrap()
+            .contains(&Value::from("app=far")),
+        "{live}"
+    );
+    assert_eq!(live["num_flows_completed"], 0, "{live}");
+    assert!(live["bytes_out"].as_u64().unwrap() >= 1000, "{live}");
+    drop(conn);
+    let ended = felix.wait_for("the connection's end", Duration::from_secs(15), || {
+        let f = flows(&["--pod", "prod/web", "--last", "200"]);
+        let mine: Vec<&Value> = f.iter().filter(|r| of_conn(r)).collect();
+        if mine.iter().any(|r| r["num_flows_completed"] == 1) {
+            Ok(mine.into_iter().cloned().collect::<Vec<Value>>())
+        } else {
+            Err(format!("{mine:?}"))
+        }
+    });
+    // Every byte sent is counted once (headers included), over the records of the flow.
+    let counted: u64 = ended.iter().filter_map(|r| r["bytes_out"].as_u64()).sum();
+    assert!(counted >= sent, "{counted} < {sent}: {ended:?}");
+    assert!(
+        counted < sent * 2,
+        "counted twice? {counted} vs {sent}: {ended:?}"
+    );
+
     // --follow prints a connection made after it started.
     let follower = env
         .margay()
@@ -1047,10 +1160,16 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
     let seen = answer["packets_seen"].as_u64().unwrap();
     let shed = answer["packets_shed"].as_u64().unwrap();
     let overruns = answer["overruns"].as_u64().unwrap();
+    let (live, live_shed) = (
+        answer["live_flows"].as_u64().unwrap(),
+        answer["live_shed"].as_u64().unwrap(),
+    );
     eprintln!(
-        "flood: {flood} datagrams sent in 4 s ({:.0}/s); Felix saw {seen}, shed {shed}, kernel overruns {overruns}; RSS {before} kB -> {after} kB",
+        "flood: {flood} datagrams sent in 4 s ({:.0}/s); Felix saw {seen}, shed {shed}, kernel overruns {overruns}; RSS {before} kB -> {after} kB; {live} connections followed in conntrack, {live_shed} not",
         flood as f64 / 4.0
     );
+    // The allowed connections followed in conntrack are bounded too (the rest are counted).
+    assert!(live <= 20_000, "{live} connections followed");
     // Everything sent is accounted for: seen by Felix, or dropped by the kernel for want of
     // buffer (counted as overruns, in batches), never silently.
     assert!(seen > 0 && (seen + shed > 0));

@@ -14,6 +14,8 @@
 //! - [`sysctl`]: settings under `/proc/sys`, read and written only where they differ.
 //! - [`nflog`]: the packets nftables `log group` rules hand to userspace, with the rule's
 //!   prefix (how a dataplane learns which rule decided a connection).
+//! - [`conntrack`]: the connection tracking table dumped over ctnetlink, with each
+//!   connection's packet and byte counters (flow records of long-lived connections).
 //!
 //! A socket belongs to the network namespace of the thread that opened it, so open one per
 //! batch of work, on a thread in the namespace meant.
@@ -28,9 +30,11 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 mod addr;
+pub mod conntrack;
 mod link;
 pub mod netns;
 pub mod nflog;
+mod nfnl;
 mod route;
 pub mod socket;
 pub mod sysctl;

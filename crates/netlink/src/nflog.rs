@@ -12,6 +12,8 @@ use std::time::Duration;
 use rtnetlink::sys::protocols::NETLINK_NETFILTER;
 use rtnetlink::sys::{Socket, SocketAddr as NetlinkAddr};
 
+use crate::nfnl::{message, nlattr, read_u16, read_u32};
+
 /// nfnetlink subsystem of the log (`NFNL_SUBSYS_ULOG`).
 const SUBSYS_ULOG: u16 = 4;
 const MSG_PACKET: u16 = 0;
@@ -74,14 +76,6 @@ impl std::fmt::Debug for Nflog {
     }
 }
 
-fn nlattr(out: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    let len = 4 + value.len();
-    out.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_ne_bytes());
-    out.extend_from_slice(&kind.to_ne_bytes());
-    out.extend_from_slice(value);
-    out.resize(out.len() + (4 - len % 4) % 4, 0);
-}
-
 /// One configuration message for `group` with the given attributes.
 fn config_message(seq: u32, group: u16, attrs: &[(u16, Vec<u8>)]) -> Vec<u8> {
     let mut body = Vec::new();
@@ -91,28 +85,12 @@ fn config_message(seq: u32, group: u16, attrs: &[(u16, Vec<u8>)]) -> Vec<u8> {
     for (k, v) in attrs {
         nlattr(&mut body, *k, v);
     }
-    let len = 16 + body.len();
-    let mut msg = Vec::with_capacity(len);
-    msg.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_ne_bytes());
-    msg.extend_from_slice(&((SUBSYS_ULOG << 8) | MSG_CONFIG).to_ne_bytes());
-    msg.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
-    msg.extend_from_slice(&seq.to_ne_bytes());
-    msg.extend_from_slice(&0u32.to_ne_bytes());
-    msg.extend_from_slice(&body);
-    msg
-}
-
-fn read_u16(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_ne_bytes([*b.get(at)?, *b.get(at + 1)?]))
-}
-
-fn read_u32(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_ne_bytes([
-        *b.get(at)?,
-        *b.get(at + 1)?,
-        *b.get(at + 2)?,
-        *b.get(at + 3)?,
-    ]))
+    message(
+        (SUBSYS_ULOG << 8) | MSG_CONFIG,
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        &body,
+    )
 }
 
 /// The packets in one datagram from the socket; anything malformed is skipped (the kernel

@@ -32,6 +32,7 @@ pub(super) fn calc_loop(
     shared: Arc<Shared>,
     encap: EncapPolicy,
     services_pending: bool,
+    peers: Option<crate::flows::PeerFeed>,
 ) {
     let m = shared.metrics.clone();
     let mut sync = SyncStatus::WaitForDatastore;
@@ -58,6 +59,9 @@ pub(super) fn calc_loop(
         };
         match rx.recv_timeout(wait) {
             Ok(CalcInput::Updates(updates)) => {
+                if let Some(peers) = &peers {
+                    crate::flows::feed_peers(peers, &updates);
+                }
                 let mut kinds: BTreeMap<&'static str, u64> = BTreeMap::new();
                 for (key, value) in updates {
                     let t = Instant::now();

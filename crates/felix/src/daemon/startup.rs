@@ -391,21 +391,27 @@ pub(super) async fn startup(
             },
             interval: config.flow_logs_flush_interval,
         });
+    // The cluster's addresses for naming both ends of a flow: fed by the calculation thread
+    // only while flow logs run.
+    let mut peer_feed: Option<crate::flows::PeerFeed> = None;
     let flows = if config
         .flow_logs_local_reporter
         .eq_ignore_ascii_case("enabled")
         || file_sink.is_some()
     {
+        let peers = crate::flows::PeerFeed::default();
         let started = match &nft_stats {
             Some(super::driver::DriverStats::Nft(_)) => Some(crate::flows::FlowLogs::start(
                 &hostname,
                 recording.clone(),
                 file_sink,
+                peers.clone(),
             )),
             Some(super::driver::DriverStats::Bpf(h)) => Some(crate::flows::FlowLogs::start_bpf(
                 &hostname,
                 recording.clone(),
                 file_sink,
+                peers.clone(),
                 h.flow_source(),
             )),
             None => None,
@@ -417,6 +423,7 @@ pub(super) async fn startup(
                         "Flow logs on (FlowLogsLocalReporter / FlowLogsFileEnabled): `margay flows` reads them"
                     );
                     metrics.set_flow_logs(f.clone());
+                    peer_feed = Some(peers);
                     Some(f)
                 }
                 Err(e) => {
@@ -490,7 +497,17 @@ pub(super) async fn startup(
         });
         std::thread::Builder::new()
             .name("felix-calc".into())
-            .spawn(move || calc_loop(calc_rx, graph, dp_tx, shared, encap, services_pending))
+            .spawn(move || {
+                calc_loop(
+                    calc_rx,
+                    graph,
+                    dp_tx,
+                    shared,
+                    encap,
+                    services_pending,
+                    peer_feed,
+                )
+            })
             .map_err(|e| StartError::Fatal(format!("cannot start the calculation thread: {e}")))?;
     }
 

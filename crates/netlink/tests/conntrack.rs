@@ -1,0 +1,104 @@
+//! The conntrack dump from a real kernel (root): a TCP connection across a veth pair in a
+//! namespace of the test's own, with accounting on, shows up with both tuples, its TCP state
+//! and counters that grow with the data sent.
+#![allow(clippy::unwrap_used)] // a panic in a test is a failure with a location
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use margay_netlink::conntrack::{CtEntry, dump};
+use margay_testkit::netns::{Netns, is_root};
+
+#[test]
+fn a_connection_is_dumped_with_its_counters() {
+    if !is_root() {
+        eprintln!("NOT RUN: needs root (network namespaces, nftables)");
+        return;
+    }
+    let node = Netns::new("ct-node").unwrap();
+    node.add_veth("veth-a", "veth-b", &["10.9.1.1/30"]).unwrap();
+    let pod = Netns::new("ct-pod").unwrap();
+    node.ip(&["link", "set", "veth-b", "netns", pod.name()])
+        .unwrap();
+    pod.add_addr("veth-b", "10.9.1.2/30").unwrap();
+    pod.set_up("veth-b").unwrap();
+    // Connection tracking runs in a namespace once a rule asks for it.
+    let rules = "table inet mgy_ct_test {\n  chain input {\n    type filter hook input priority 0; policy accept;\n    ct state established,related accept\n  }\n}\n";
+    let out = node
+        .exec("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(rules.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success(), "nft: {out:?}");
+    node.sysctl("net.netfilter.nf_conntrack_acct", "1").unwrap();
+
+    let ns_file = std::fs::File::open(format!("/var/run/netns/{}", node.name())).unwrap();
+    let pod_file = std::fs::File::open(format!("/var/run/netns/{}", pod.name())).unwrap();
+    let listener =
+        margay_netlink::netns::run_in(&ns_file, || std::net::TcpListener::bind("10.9.1.1:7070"))
+            .unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut buf = vec![0u8; 65536];
+        let mut total = 0;
+        while total < 100_000 {
+            let n = s.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            total += n;
+        }
+        s.write_all(b"ok").unwrap();
+        total
+    });
+    let mut client = margay_netlink::netns::run_in(&pod_file, || {
+        std::net::TcpStream::connect_timeout(
+            &"10.9.1.1:7070".parse().unwrap(),
+            Duration::from_secs(5),
+        )
+    })
+    .unwrap();
+    client.write_all(&vec![7u8; 100_000]).unwrap();
+    let mut ok = [0u8; 2];
+    client.read_exact(&mut ok).unwrap();
+    assert_eq!(server.join().unwrap(), 100_000);
+
+    let mut found: Vec<CtEntry> = Vec::new();
+    let stats = margay_netlink::netns::run_in(&ns_file, || {
+        dump(10_000, Duration::from_secs(5), |e| {
+            if e.orig.dst_port == 7070 {
+                found.push(e.clone());
+            }
+        })
+    })
+    .unwrap();
+    assert!(!stats.truncated, "{stats:?}");
+    assert_eq!(found.len(), 1, "{found:?}");
+    let e = &found[0];
+    assert_eq!(e.orig.src.to_string(), "10.9.1.2");
+    assert_eq!(e.orig.dst.to_string(), "10.9.1.1");
+    assert_eq!(e.orig.proto, 6);
+    assert_eq!(e.reply.src, e.orig.dst);
+    assert_eq!(e.reply.dst_port, e.orig.src_port);
+    // Established, or closing since the server has closed its side; not ended.
+    assert!(
+        matches!(e.tcp_state, Some(3..=6)) && !e.tcp_ended(),
+        "{e:?}"
+    );
+    let orig = e.orig_counters.unwrap();
+    let reply = e.reply_counters.unwrap();
+    assert!(orig.bytes > 100_000, "{orig:?}");
+    assert!(orig.packets >= 3, "{orig:?}");
+    assert!(reply.packets >= 2 && reply.bytes > 0, "{reply:?}");
+
+    // A bound cuts the dump short and says so.
+    let stats = margay_netlink::netns::run_in(&ns_file, || dump(0, Duration::from_secs(5), |_| {}))
+        .unwrap();
+    assert!(stats.truncated && stats.entries == 0, "{stats:?}");
+    drop(client);
+}
