@@ -148,6 +148,29 @@ fn dual_stack_lab_policy_in_both_families() {
         "x/a does not reach x/b over IPv6"
     );
 
+    // Pods get the smallest MTU of the encapsulations in use: VXLAN over IPv6 costs 70 bytes,
+    // so 1430 on a 1500 fabric; a full-size IPv6 packet (no fragmentation allowed) crosses
+    // to the other node's pod.
+    let mtu = node_cmd(netns, &["link", "show", "dev", "eth0"]);
+    assert!(mtu.contains("mtu 1430"), "{mtu}");
+    let x_b6 = pods.iter().find(|p| p["id"] == "x/b").unwrap()["ip6"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = lab
+        .cmd(&[
+            "exec", "x/a", "--", "ping", "-6", "-c", "1", "-W", "2", "-M", "do", "-s", "1382",
+            &x_b6,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "a 1430-byte IPv6 packet x/a -> x/b: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     let scenarios: Vec<(&str, &str, Expect)> = vec![
         (
             "no policy: everything reaches everything",
