@@ -148,6 +148,34 @@ fn dual_stack_lab_policy_in_both_families() {
         "x/a does not reach x/b over IPv6"
     );
 
+    // Flow logs: both nodes record the IPv6 connection with both ends named as the pods.
+    let x_a6 = x_a["ip6"].as_str().unwrap();
+    let t = Instant::now();
+    let named = loop {
+        let flows = lab.ok(&["flows", "--last", "200", "-o", "json"]);
+        let reporters: Vec<String> = flows
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|f| {
+                f["tuple"]["src"] == x_a6
+                    && f["source"]["name"] == "a"
+                    && f["source"]["namespace"] == "x"
+                    && f["dest"]["name"] == "b"
+                    && f["dest"]["namespace"] == "x"
+                    && f["tuple"]["dst_port"] == 80
+            })
+            .map(|f| f["reporter"].as_str().unwrap_or("").to_string())
+            .collect();
+        if reporters.iter().any(|r| r == "src") && reporters.iter().any(|r| r == "dst") {
+            break true;
+        }
+        if t.elapsed() > Duration::from_secs(15) {
+            eprintln!("flows seen: {flows}");
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(named, "no IPv6 flow x/a -> x/b:80 from both nodes");
     // Pods get the smallest MTU of the encapsulations in use: VXLAN over IPv6 costs 70 bytes,
     // so 1430 on a 1500 fabric; a full-size IPv6 packet (no fragmentation allowed) crosses
     // to the other node's pod.
