@@ -92,20 +92,35 @@ impl Aggregator {
         }
     }
 
+    /// The interval's entry for `key`, made if there is room (None, counted as dropped, when
+    /// the interval is full).
+    fn slot(
+        &mut self,
+        key: (Tuple, RuleRef),
+        at_ms: u64,
+        tier: String,
+        source: Peer,
+        dest: Peer,
+    ) -> Option<&mut Entry> {
+        if self.entries.len() >= self.max_flows && !self.entries.contains_key(&key) {
+            self.dropped += 1;
+            return None;
+        }
+        Some(
+            self.entries
+                .entry(key)
+                .or_insert_with(|| Entry::new(at_ms, tier, source, dest)),
+        )
+    }
+
     /// Counts one packet. Returns false when it was dropped (the interval is full).
     pub fn observe(&mut self, o: Observation) -> bool {
         self.observed += 1;
         // An allowed connection logs its first packet only: that packet starts it.
         let starts = o.rule.action == crate::prefix::Action::Allow;
-        let key = (o.tuple, o.rule);
-        if self.entries.len() >= self.max_flows && !self.entries.contains_key(&key) {
-            self.dropped += 1;
+        let Some(e) = self.slot((o.tuple, o.rule), o.at_ms, o.tier, o.source, o.dest) else {
             return false;
-        }
-        let e = self
-            .entries
-            .entry(key)
-            .or_insert_with(|| Entry::new(o.at_ms, o.tier, o.source, o.dest));
+        };
         e.packets += 1;
         e.bytes += o.bytes;
         if starts {
@@ -119,15 +134,9 @@ impl Aggregator {
     /// connection gets a record in every interval it moves data. Returns false when it was
     /// dropped (the interval is full).
     pub fn count(&mut self, c: Count) -> bool {
-        let key = (c.tuple, c.rule);
-        if self.entries.len() >= self.max_flows && !self.entries.contains_key(&key) {
-            self.dropped += 1;
+        let Some(e) = self.slot((c.tuple, c.rule), c.at_ms, c.tier, c.source, c.dest) else {
             return false;
-        }
-        let e = self
-            .entries
-            .entry(key)
-            .or_insert_with(|| Entry::new(c.at_ms, c.tier, c.source, c.dest));
+        };
         let t = &mut e.traffic;
         t.orig_packets += c.traffic.orig_packets;
         t.orig_bytes += c.traffic.orig_bytes;

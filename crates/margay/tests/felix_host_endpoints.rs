@@ -5,121 +5,39 @@
 //! the endpoint opens the host again. Root only; everything lives in namespaces the test made.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use margay_testkit::netns::{Netns, is_root};
-use margay_testkit::roles::{Node, Role};
-use serde_json::Value;
+use margay_testkit::roles::Role;
 
-const NODE: &str = "nodea";
+mod felix_node;
+use felix_node::FelixNode;
+
 const NODE_IP: &str = "192.0.2.1";
 const OUTSIDE_IP: &str = "192.0.2.254";
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_margay")
-}
 
 /// Fields drop in order: the listeners before the namespaces they run in.
 struct Env {
     _listeners: Vec<Role>,
     outside: Netns,
-    node: Node,
+    fx: FelixNode,
+}
+
+impl std::ops::Deref for Env {
+    type Target = FelixNode;
+    fn deref(&self) -> &FelixNode {
+        &self.fx
+    }
 }
 
 impl Env {
-    fn ns(&self) -> &Netns {
-        self.node.netns().unwrap()
-    }
-
-    fn db(&self) -> PathBuf {
-        self.node.file("store.db")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.node.file("felix.sock")
-    }
-
-    fn margay(&self) -> Command {
-        let mut c = Command::new(bin());
-        c.env_clear()
-            .env("DATASTORE_TYPE", "local")
-            .env("DATASTORE_PATH", self.db());
-        c
-    }
-
-    fn apply(&self, name: &str, yaml: &str) {
-        let file = self.node.file(name);
-        std::fs::write(&file, yaml).unwrap();
-        let out = self
-            .margay()
-            .args(["ctl", "apply", "-f"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn delete(&self, kind: &str, name: &str) {
-        let out = self
-            .margay()
-            .args(["ctl", "delete", kind, name])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
     fn start_felix(&self) -> Role {
-        let mut c = self.node.command(bin().as_ref());
-        c.args(["felix", "run", "--status-socket"])
-            .arg(self.socket())
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("DATASTORE_TYPE", "local")
-            .env("DATASTORE_PATH", self.db())
-            .env("FELIX_FELIXHOSTNAME", NODE)
-            .env("FELIX_HEALTHENABLED", "false")
-            .env("FELIX_LOGSEVERITYSCREEN", "Info")
-            .env("FELIX_LOGFILEPATH", "none")
-            .env("FELIX_LOGSEVERITYSYS", "none")
-            .env("MARGAY_DATAPLANE", "linux")
-            .env("MARGAY_MTU_FILE", self.node.file("mtu"))
-            .env("FELIX_ENDPOINTSTATUSPATHPREFIX", self.node.file("status"))
-            // 22 as Calico's default, and 8080 to show the parameter reaches the rules.
-            .env("FELIX_FAILSAFEINBOUNDHOSTPORTS", "tcp:22,tcp:8080");
-        self.node.spawn("felix", c)
-    }
-
-    fn status(&self) -> Option<Value> {
-        let out = self
-            .margay()
-            .args(["felix", "status", "--json", "--socket"])
-            .arg(self.socket())
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
-    }
-
-    fn ruleset(&self) -> String {
-        let out = self
-            .ns()
-            .exec("nft")
-            .args(["list", "ruleset"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        // 22 as Calico's default, and 8080 to show the parameter reaches the rules.
+        self.fx.start_felix(
+            "felix",
+            &[("FELIX_FAILSAFEINBOUNDHOSTPORTS", "tcp:22,tcp:8080")],
+        )
     }
 
     /// A TCP connection from outside to the node's `port`.
@@ -152,41 +70,30 @@ impl Env {
 }
 
 fn setup() -> Env {
-    let host = Node::in_netns("fh-node").unwrap();
-    let node = host.netns().unwrap();
+    let fx = FelixNode::new("fh-node");
     let outside = Netns::new("fh-out").unwrap();
-    node.link_to("uplink0", &outside, "eth0").unwrap();
-    node.add_addr("uplink0", &format!("{NODE_IP}/24")).unwrap();
-    node.set_up("uplink0").unwrap();
-    outside
-        .add_addr("eth0", &format!("{OUTSIDE_IP}/24"))
-        .unwrap();
-    outside.set_up("eth0").unwrap();
     let mut listeners = Vec::new();
-    for port in ["22", "80", "8080", "9090"] {
-        let mut c = node.exec("nc");
-        c.args(["-l", "-k", "-p", port]);
-        listeners.push(host.spawn(&format!("nc-{port}"), c));
+    {
+        let node = fx.ns();
+        node.link_to("uplink0", &outside, "eth0").unwrap();
+        node.add_addr("uplink0", &format!("{NODE_IP}/24")).unwrap();
+        node.set_up("uplink0").unwrap();
+        outside
+            .add_addr("eth0", &format!("{OUTSIDE_IP}/24"))
+            .unwrap();
+        outside.set_up("eth0").unwrap();
+        for port in ["22", "80", "8080", "9090"] {
+            let mut c = node.exec("nc");
+            c.args(["-l", "-k", "-p", port]);
+            listeners.push(fx.node.spawn(&format!("nc-{port}"), c));
+        }
     }
     let env = Env {
         _listeners: listeners,
         outside,
-        node: host,
+        fx,
     };
-    let out = env
-        .margay()
-        .args(["node", "startup", "--root"])
-        .arg(env.node.file("root"))
-        .env("NODENAME", NODE)
-        .env("IP", format!("{NODE_IP}/24"))
-        .env("NO_DEFAULT_POOLS", "true")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    env.startup(&format!("{NODE_IP}/24"));
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let out = env.ns().exec("ss").args(["-ltn"]).output().unwrap();
@@ -244,14 +151,7 @@ fn felix_enforces_host_endpoints_from_the_datastore() {
     }
     let env = setup();
     let mut felix = env.start_felix();
-    felix.wait_for(
-        "the dataplane in sync",
-        Duration::from_secs(30),
-        || match env.status() {
-            Some(s) if s["dataplane"]["in_sync"] == Value::Bool(true) => Ok(()),
-            other => Err(format!("{other:?}")),
-        },
-    );
+    env.wait_in_sync(&mut felix);
     env.expect(
         &mut felix,
         "no host endpoint: the host is open",
@@ -278,7 +178,7 @@ fn felix_enforces_host_endpoints_from_the_datastore() {
         &[(80, true), (9090, false), (22, true)],
     );
 
-    env.delete("hostendpoint", "nodea-uplink0");
+    env.delete("hostendpoint", "nodea-uplink0", None);
     env.expect(
         &mut felix,
         "the host endpoint removed: the host is open again",

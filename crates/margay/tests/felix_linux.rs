@@ -9,7 +9,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::{ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,16 +16,14 @@ use margay_testkit::netns::{Netns, is_root};
 use margay_testkit::roles::{Node, Role};
 use serde_json::Value;
 
-const NODE: &str = "nodea";
+mod felix_node;
+use felix_node::{FelixNode, NODE, bin};
+
 /// The outside namespace's addresses: the node's gateway (registered as a host), an address
 /// that is no host, and a service address (BGPConfiguration serviceClusterIPs).
 const GATEWAY: &str = "192.0.2.254";
 const OUTSIDE: &str = "198.51.100.1";
 const SERVICE: &str = "10.96.0.10";
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_margay")
-}
 
 /// Pods: 0 web, 1 db, 2 spoof (its endpoint asks to send from 10.99.0.0/24).
 const WEB: usize = 0;
@@ -40,122 +37,17 @@ struct Env {
     _listeners: Vec<Role>,
     pods: Vec<(Netns, &'static str)>,
     outside: Netns,
-    node: Node,
+    fx: FelixNode,
+}
+
+impl std::ops::Deref for Env {
+    type Target = FelixNode;
+    fn deref(&self) -> &FelixNode {
+        &self.fx
+    }
 }
 
 impl Env {
-    /// The node's namespace.
-    fn ns(&self) -> &Netns {
-        self.node.netns().unwrap()
-    }
-
-    fn db(&self) -> PathBuf {
-        self.node.file("store.db")
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.node.file("felix.sock")
-    }
-
-    fn mtu_file(&self) -> PathBuf {
-        self.node.file("mtu")
-    }
-
-    fn margay(&self) -> Command {
-        let mut c = Command::new(bin());
-        c.env_clear()
-            .env("DATASTORE_TYPE", "local")
-            .env("DATASTORE_PATH", self.db());
-        c
-    }
-
-    fn apply(&self, name: &str, yaml: &str) {
-        let file = self.node.file(name);
-        std::fs::write(&file, yaml).unwrap();
-        let out = self
-            .margay()
-            .args(["ctl", "apply", "-f"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn delete(&self, kind: &str, name: &str, ns: Option<&str>) {
-        let mut c = self.margay();
-        c.args(["ctl", "delete", kind, name]);
-        if let Some(ns) = ns {
-            c.args(["-n", ns]);
-        }
-        let out = c.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// Felix as the node runs it, with `extra` FELIX_* settings.
-    fn felix_command(&self, extra: &[(&str, &str)]) -> Command {
-        let mut c = self.node.command(bin().as_ref());
-        c.args(["felix", "run", "--status-socket"])
-            .arg(self.socket())
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("DATASTORE_TYPE", "local")
-            .env("DATASTORE_PATH", self.db())
-            .env("FELIX_FELIXHOSTNAME", NODE)
-            .env("FELIX_HEALTHENABLED", "false")
-            .env("FELIX_LOGSEVERITYSCREEN", "Info")
-            // The machine's own syslog is none of the test's business.
-            .env("FELIX_LOGFILEPATH", "none")
-            .env("FELIX_LOGSEVERITYSYS", "none")
-            .env("MARGAY_DATAPLANE", "linux")
-            .env("MARGAY_MTU_FILE", self.mtu_file())
-            .env("FELIX_ENDPOINTSTATUSPATHPREFIX", self.node.file("status"));
-        for (k, v) in extra {
-            c.env(k, v);
-        }
-        c
-    }
-
-    /// Starts Felix inside the node namespace as the role `name` (its log `<name>.log`; a
-    /// restarted Felix gets a name of its own, so each log is kept).
-    fn start_felix(&self, name: &str, extra: &[(&str, &str)]) -> Role {
-        self.node.spawn(name, self.felix_command(extra))
-    }
-
-    fn status(&self) -> Option<Value> {
-        let out = self
-            .margay()
-            .args(["felix", "status", "--json", "--socket"])
-            .arg(self.socket())
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&out.stdout).ok()
-    }
-
-    /// Waits (30 s at most) until `felix` reports its dataplane in sync; fails with its log
-    /// if it exits first.
-    fn wait_in_sync(&self, felix: &mut Role) -> Value {
-        felix.wait_for(
-            "the dataplane in sync",
-            Duration::from_secs(30),
-            || match self.status() {
-                Some(s) if s["dataplane"]["in_sync"] == Value::Bool(true) => Ok(s),
-                Some(s) => Err(format!("status {}", s["dataplane"])),
-                None => Err("no status".into()),
-            },
-        )
-    }
-
     fn sysctl(&self, key: &str) -> String {
         let out = self
             .ns()
@@ -164,17 +56,6 @@ impl Env {
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-
-    /// The node's nftables ruleset.
-    fn ruleset(&self) -> String {
-        let out = self
-            .ns()
-            .exec("nft")
-            .args(["list", "ruleset"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     fn node_ip(&self, args: &[&str]) -> String {
@@ -262,8 +143,8 @@ fn listener(node: &Node, name: &str, ns: &Netns, args: &[&str]) -> Role {
 /// The node, its uplink to the outside, three pods and the datastore. `rp_filter` is the
 /// node's default reverse-path filter, as the host's distribution set it.
 fn setup(rp_filter: &str) -> Env {
-    let host = Node::in_netns("fl-node").unwrap();
-    let node = host.netns().unwrap();
+    let fx = FelixNode::new("fl-node");
+    let (host, node) = (&fx.node, fx.ns());
     let outside = Netns::new("fl-out").unwrap();
     node.sysctl("net.ipv4.conf.default.rp_filter", rp_filter)
         .unwrap();
@@ -294,36 +175,23 @@ fn setup(rp_filter: &str) -> Env {
     for (name, ns) in [("web", &web), ("db", &db)] {
         for port in ["80", "81", "82"] {
             let args = ["nc", "-l", "-k", "-p", port];
-            listeners.push(listener(&host, &format!("nc-{name}-{port}"), ns, &args));
+            listeners.push(listener(host, &format!("nc-{name}-{port}"), ns, &args));
         }
     }
     for port in ["4789", "5000"] {
         let args = ["nc", "-u", "-l", "-k", "-p", port];
-        listeners.push(listener(&host, &format!("udp-{port}"), &db, &args));
+        listeners.push(listener(host, &format!("udp-{port}"), &db, &args));
     }
     let args = ["nc", "-l", "-k", "-p", "9000"];
-    listeners.push(listener(&host, "nc-outside-9000", &outside, &args));
+    listeners.push(listener(host, "nc-outside-9000", &outside, &args));
     let env = Env {
         _listeners: listeners,
         pods: vec![(web, "10.65.0.1"), (db, "10.65.0.2"), (spoof, "10.65.0.3")],
         outside,
-        node: host,
+        fx,
     };
     // Registered as `margay node startup` does (ClusterInformation ready, the Node).
-    let out = env
-        .margay()
-        .args(["node", "startup", "--root"])
-        .arg(env.node.file("root"))
-        .env("NODENAME", NODE)
-        .env("IP", "192.0.2.1/24")
-        .env("NO_DEFAULT_POOLS", "true")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    env.startup("192.0.2.1/24");
     env.apply(
         "seed.yaml",
         &format!(
@@ -1082,6 +950,76 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
     env.apply("deny-db.yaml", DENY_DB);
     let mut felix = env.start_felix("felix", &[("FELIX_FLOWLOGSLOCALREPORTER", "Enabled")]);
     env.wait_in_sync(&mut felix);
+    let Flood {
+        sent: flood,
+        rss_before: before,
+        rss_after: after,
+        answer,
+    } = flood(&env, &felix);
+    let out = env
+        .margay()
+        .args([
+            "flows",
+            "-o",
+            "json",
+            "--denied",
+            "--last",
+            "5",
+            "--status-socket",
+        ])
+        .arg(env.socket())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(last["action"], "deny", "{text}");
+    let seen = answer["packets_seen"].as_u64().unwrap();
+    let shed = answer["packets_shed"].as_u64().unwrap();
+    let overruns = answer["overruns"].as_u64().unwrap();
+    let (live, live_shed) = (
+        answer["live_flows"].as_u64().unwrap(),
+        answer["live_shed"].as_u64().unwrap(),
+    );
+    eprintln!(
+        "flood: {flood} datagrams sent in 4 s ({:.0}/s); Felix saw {seen}, shed {shed}, kernel overruns {overruns}; RSS {before} kB -> {after} kB; {live} connections followed in conntrack, {live_shed} not",
+        flood as f64 / 4.0
+    );
+    // The allowed connections followed in conntrack are bounded too (the rest are counted).
+    assert!(live <= 20_000, "{live} connections followed");
+    // Everything sent is accounted for: seen by Felix, or dropped by the kernel for want of
+    // buffer (counted as overruns, in batches), never silently.
+    assert!(seen > 0 && (seen + shed > 0));
+    // Each datagram makes two new flows (web's egress allowed, db's ingress denied).
+    if flood > 4 * 10_000 {
+        assert!(
+            shed > 0 || overruns > 0,
+            "more than 10k new flows a second and nothing shed"
+        );
+    }
+    // Bounded memory: 10k flows an interval and a 4095-flow ring are a few MB.
+    assert!(
+        after < before + 64 * 1024,
+        "Felix grew from {before} kB to {after} kB"
+    );
+}
+
+/// What a flood of new flows did: datagrams sent, Felix's RSS (kB) before and after, and
+/// its flow counters (the `flows?last=0` answer) 1.5 s later.
+struct Flood {
+    sent: u64,
+    rss_before: u64,
+    rss_after: u64,
+    answer: Value,
+}
+
+/// UDP datagrams from a fresh port each, web to db:5000 (denied), from two threads for 4 s;
+/// meanwhile an allowed connection still connects and a denied one does not.
+fn flood(env: &Env, felix: &Role) -> Flood {
     let rss_kb = |pid: u32| -> u64 {
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_default()
@@ -1090,9 +1028,9 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     };
-    let before = rss_kb(felix.pid());
+    let rss_before = rss_kb(felix.pid());
     let web = std::fs::File::open(format!("/var/run/netns/{}", env.pods[WEB].0.name())).unwrap();
-    let flood = std::thread::scope(|s| {
+    let sent = std::thread::scope(|s| {
         let senders: Vec<_> = (0..2)
             .map(|_| {
                 let web = web.try_clone().unwrap();
@@ -1125,30 +1063,8 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
         );
         senders.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
     });
-    let after = rss_kb(felix.pid());
+    let rss_after = rss_kb(felix.pid());
     std::thread::sleep(Duration::from_millis(1500));
-    let out = env
-        .margay()
-        .args([
-            "flows",
-            "-o",
-            "json",
-            "--denied",
-            "--last",
-            "5",
-            "--status-socket",
-        ])
-        .arg(env.socket())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-    assert_eq!(last["action"], "deny", "{text}");
     let st = Command::new(bin())
         .env_clear()
         .args(["felix", "status", "--socket"])
@@ -1156,35 +1072,12 @@ fn a_flood_of_new_flows_is_shed_and_counted_and_enforcement_holds() {
         .arg("flows?last=0")
         .output()
         .unwrap();
-    let answer: Value = serde_json::from_slice(&st.stdout).unwrap();
-    let seen = answer["packets_seen"].as_u64().unwrap();
-    let shed = answer["packets_shed"].as_u64().unwrap();
-    let overruns = answer["overruns"].as_u64().unwrap();
-    let (live, live_shed) = (
-        answer["live_flows"].as_u64().unwrap(),
-        answer["live_shed"].as_u64().unwrap(),
-    );
-    eprintln!(
-        "flood: {flood} datagrams sent in 4 s ({:.0}/s); Felix saw {seen}, shed {shed}, kernel overruns {overruns}; RSS {before} kB -> {after} kB; {live} connections followed in conntrack, {live_shed} not",
-        flood as f64 / 4.0
-    );
-    // The allowed connections followed in conntrack are bounded too (the rest are counted).
-    assert!(live <= 20_000, "{live} connections followed");
-    // Everything sent is accounted for: seen by Felix, or dropped by the kernel for want of
-    // buffer (counted as overruns, in batches), never silently.
-    assert!(seen > 0 && (seen + shed > 0));
-    // Each datagram makes two new flows (web's egress allowed, db's ingress denied).
-    if flood > 4 * 10_000 {
-        assert!(
-            shed > 0 || overruns > 0,
-            "more than 10k new flows a second and nothing shed"
-        );
+    Flood {
+        sent,
+        rss_before,
+        rss_after,
+        answer: serde_json::from_slice(&st.stdout).unwrap(),
     }
-    // Bounded memory: 10k flows an interval and a 4095-flow ring are a few MB.
-    assert!(
-        after < before + 64 * 1024,
-        "Felix grew from {before} kB to {after} kB"
-    );
 }
 
 /// The flows a `margay flows -o json` query returns.
@@ -1379,59 +1272,15 @@ fn a_flood_of_new_flows_on_ebpf_is_shed_and_counted_and_enforcement_holds() {
         ],
     );
     env.wait_in_sync(&mut felix);
-    let rss_kb = |pid: u32| -> u64 {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
-    };
     // Felix is up and has read something before the baseline.
     assert!(env.tcp(WEB, env.pods[DB].1, 81, "2"));
     std::thread::sleep(Duration::from_millis(1500));
-    let before = rss_kb(felix.pid());
-    let web = std::fs::File::open(format!("/var/run/netns/{}", env.pods[WEB].0.name())).unwrap();
-    let flood = std::thread::scope(|s| {
-        let senders: Vec<_> = (0..2)
-            .map(|_| {
-                let web = web.try_clone().unwrap();
-                s.spawn(move || {
-                    margay_netlink::netns::run_in(&web, || {
-                        let until = Instant::now() + Duration::from_secs(4);
-                        let mut sent = 0u64;
-                        while Instant::now() < until {
-                            let sock = std::net::UdpSocket::bind("10.65.0.1:0")?;
-                            let _ = sock.send_to(b"x", "10.65.0.2:5000");
-                            sent += 1;
-                        }
-                        Ok(sent)
-                    })
-                    .unwrap()
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_millis(500));
-        assert!(
-            (0..3).any(|_| env.tcp(WEB, env.pods[DB].1, 81, "5")),
-            "allowed during the flood"
-        );
-        assert!(
-            !env.tcp(WEB, env.pods[DB].1, 80, "2"),
-            "denied during the flood"
-        );
-        senders.into_iter().map(|h| h.join().unwrap()).sum::<u64>()
-    });
-    let after = rss_kb(felix.pid());
-    std::thread::sleep(Duration::from_millis(1500));
-    let st = Command::new(bin())
-        .env_clear()
-        .args(["felix", "status", "--socket"])
-        .arg(env.socket())
-        .arg("flows?last=0")
-        .output()
-        .unwrap();
-    let answer: Value = serde_json::from_slice(&st.stdout).unwrap();
+    let Flood {
+        sent: flood,
+        rss_before: before,
+        rss_after: after,
+        answer,
+    } = flood(&env, &felix);
     let seen = answer["packets_seen"].as_u64().unwrap();
     let shed = answer["packets_shed"].as_u64().unwrap();
     let drops = answer["ring_drops"].as_u64().unwrap();

@@ -7,7 +7,9 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use margay_netlink::conntrack::{CtEntry, dump};
-use margay_testkit::netns::{Netns, is_root};
+use margay_testkit::netns::is_root;
+
+mod common;
 
 #[test]
 fn a_connection_is_dumped_with_its_counters() {
@@ -15,30 +17,15 @@ fn a_connection_is_dumped_with_its_counters() {
         eprintln!("NOT RUN: needs root (network namespaces, nftables)");
         return;
     }
-    let node = Netns::new("ct-node").unwrap();
-    node.add_veth("veth-a", "veth-b", &["10.9.1.1/30"]).unwrap();
-    let pod = Netns::new("ct-pod").unwrap();
-    node.ip(&["link", "set", "veth-b", "netns", pod.name()])
-        .unwrap();
-    pod.add_addr("veth-b", "10.9.1.2/30").unwrap();
-    pod.set_up("veth-b").unwrap();
+    let (node, pod) = common::node_and_pod("ct", "10.9.1.1", "10.9.1.2");
     // Connection tracking runs in a namespace once a rule asks for it.
-    let rules = "table inet mgy_ct_test {\n  chain input {\n    type filter hook input priority 0; policy accept;\n    ct state established,related accept\n  }\n}\n";
-    let out = node
-        .exec("nft")
-        .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().unwrap().write_all(rules.as_bytes())?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    assert!(out.status.success(), "nft: {out:?}");
+    common::nft(
+        &node,
+        "table inet mgy_ct_test {\n  chain input {\n    type filter hook input priority 0; policy accept;\n    ct state established,related accept\n  }\n}\n",
+    );
     node.sysctl("net.netfilter.nf_conntrack_acct", "1").unwrap();
 
-    let ns_file = std::fs::File::open(format!("/var/run/netns/{}", node.name())).unwrap();
-    let pod_file = std::fs::File::open(format!("/var/run/netns/{}", pod.name())).unwrap();
+    let (ns_file, pod_file) = (common::file(&node), common::file(&pod));
     let listener =
         margay_netlink::netns::run_in(&ns_file, || std::net::TcpListener::bind("10.9.1.1:7070"))
             .unwrap();

@@ -6,7 +6,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use margay_netlink::nflog::Nflog;
-use margay_testkit::netns::{Netns, is_root};
+use margay_testkit::netns::is_root;
+
+mod common;
 
 #[test]
 fn a_logged_packet_arrives_with_its_rules_prefix() {
@@ -14,28 +16,10 @@ fn a_logged_packet_arrives_with_its_rules_prefix() {
         eprintln!("NOT RUN: needs root (network namespaces, nftables)");
         return;
     }
-    let node = Netns::new("nflog-node").unwrap();
-    node.add_veth("veth-a", "veth-b", &["10.9.0.1/30"]).unwrap();
-    let pod = Netns::new("nflog-pod").unwrap();
-    node.ip(&["link", "set", "veth-b", "netns", pod.name()])
-        .unwrap();
-    pod.add_addr("veth-b", "10.9.0.2/30").unwrap();
-    pod.set_up("veth-b").unwrap();
+    let (node, pod) = common::node_and_pod("nflog", "10.9.0.1", "10.9.0.2");
     let rules = "table inet mgy_nflog_test {\n  chain input {\n    type filter hook input priority 0; policy accept;\n    ip saddr 10.9.0.2 icmp type echo-request log prefix \"API0|gnp/allow-ping\" group 7 snaplen 80 accept\n  }\n}\n";
-    let out = node
-        .exec("nft")
-        .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(rules.as_bytes())?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    assert!(out.status.success(), "nft: {out:?}");
-
-    let ns_file = std::fs::File::open(format!("/var/run/netns/{}", node.name())).unwrap();
+    common::nft(&node, rules);
+    let ns_file = common::file(&node);
     let pod_name = pod.name().to_string();
     let packets = margay_netlink::netns::run_in(&ns_file, move || {
         let mut log = Nflog::bind(7, 80)?;
