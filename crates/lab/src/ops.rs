@@ -223,9 +223,15 @@ pub fn pod_add_cmd(
         udp: udp.to_vec(),
     };
     let ip = add_pod(&mut st, api.as_ref(), spec)?;
+    // A dual-stack lab's pod has its IPv6 address too.
+    let ip6 = st
+        .pod(id)
+        .and_then(|p| p.ip6.as_deref())
+        .map(|ip6| format!(" and {ip6}"))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "pod {id} runs on {node} at {ip} (wired in {:.2} s)",
+        "pod {id} runs on {node} at {ip}{ip6} (wired in {:.2} s)",
         started.elapsed().as_secs_f64()
     );
     Ok(0)

@@ -415,6 +415,26 @@ spec:
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // A node's roles stopped and started again (both BIRDs among them): its IPv6 sessions come
+    // back (`node start` waits for them), and a pod added then is reached over IPv6.
+    let stopped = lab.ok(&["node", "stop", "node2"]);
+    assert!(stopped.contains("bird6"), "{stopped}");
+    lab.ok(&["node", "start", "node2"]);
+    let added = lab.ok(&["pod", "add", "w/d", "--node", "node2"]);
+    assert!(added.contains(" and fd00:10:244:"), "{added}");
+    let t = Instant::now();
+    while !lab
+        .cmd(&["probe", "x/a", "w/d", "--family", "6"])
+        .status()
+        .unwrap()
+        .success()
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "x/a never reached the new pod w/d over IPv6"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
 
 /// `lab up --ipv6 --datastore kubernetes`: the lab's kubelet reports both addresses in the
