@@ -267,6 +267,9 @@ pub enum LabCommand {
         /// checked to refuse another pod.
         #[arg(long, value_name = "N")]
         pod_ready: Option<usize>,
+        /// 4, or 6: measure between the pods' IPv6 addresses (a lab made with `up --ipv6`).
+        #[arg(long, default_value_t = 4)]
+        family: u8,
     },
     /// The lab's Kubernetes API server (started by `up --datastore kubernetes`).
     #[command(hide = true)]
@@ -522,7 +525,8 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             secs,
             policies,
             pod_ready: None,
-        } => bench(&which, secs, policies, out),
+            family,
+        } => bench(&which, secs, policies, family, out),
         LabCommand::Supervise {
             pid_file,
             log,

@@ -724,9 +724,17 @@ pub(super) fn bench(
     which: &Which,
     secs: u64,
     policies: usize,
+    family: u8,
     out: &mut dyn Write,
 ) -> Result<u8, LabError> {
+    let family = check_family(family)?;
     let st = load(which)?;
+    if family == 6 && !st.ipv6 {
+        return Err(other(format!(
+            "lab {:?} is IPv4 only: --family 6 needs `margay lab up --ipv6`",
+            st.name
+        )));
+    }
     // Client and server on different nodes when there are two.
     let client = st
         .pods
@@ -738,10 +746,9 @@ pub(super) fn bench(
         .find(|p| p.node != client.node)
         .or_else(|| st.pods.get(1))
         .ok_or_else(|| other("the bench needs two pods"))?;
-    let server_ip = server
-        .ip
+    let server_ip = if family == 6 { &server.ip6 } else { &server.ip }
         .clone()
-        .ok_or_else(|| other("the server pod has no address"))?;
+        .ok_or_else(|| other(format!("the server pod has no IPv{family} address")))?;
     let mut rows = Vec::new();
     // Baseline: two throw-away namespaces joined by a bare veth pair.
     let a = format!("{}bench-a", st.prefix);
@@ -765,8 +772,11 @@ pub(super) fn bench(
     rows.push(("bare veth pair (no margay)".to_string(), baseline?));
     rows.push((
         format!(
-            "{} -> {} (other node, VXLAN), no policy",
-            client.id, server.id
+            "{} -> {} (other node, {}{}), no policy",
+            client.id,
+            server.id,
+            if st.backend == "bird" { "BGP" } else { "VXLAN" },
+            if family == 6 { ", IPv6" } else { "" }
         ),
         measure(&client.netns, &server.netns, &server_ip, secs)?,
     ));
