@@ -31,6 +31,11 @@
 
 #define STEP_BLOCK 0 // evaluate a block of rules
 #define STEP_DENY 1  // a tier's default deny
+// The per-hook index (crates/bpf/src/index.rs), in the same slot after the main list:
+#define STEP_REF 2        // names the main step `block`
+#define STEP_INDEX 3      // refs block .. block + pass_to
+#define INDEX_BASE 0x80000000u // idx of DEFAULT (protocol 0) and of {proto << 16 | port}
+#define NO_STEP 0xffffffffu
 
 #define HOOK_FROM_WL 0 // tc ingress: the workload's egress policy
 #define HOOK_TO_WL 1   // tc egress: the workload's ingress policy
@@ -270,10 +275,13 @@ struct pkt {
 };
 
 struct eval {
-	struct pkt *p;
+	struct pkt p;
 	__u32 ep_slot;   // the endpoint hook's step list
 	__u32 nsteps;
-	__u32 step;      // the next step to enter
+	__u32 step;      // the next step to enter (indexed: the lowest step still to enter)
+	__u32 d_pos, d_end; // indexed: the default range's refs still to walk
+	__u32 k_pos, k_end; // indexed: the packet's key range
+	__u32 indexed;
 	__u32 blk_slot;  // the block being evaluated
 	__u32 blk_count;
 	__u32 rule;      // the next rule of that block
@@ -287,7 +295,20 @@ struct eval {
 	__u32 len;
 	__u8 hook;
 	__u8 flow_logs;  // emit events
+	__u8 pad[2];
 };
+
+// The rule loop's state, per CPU (a tc program runs to its end on one CPU, and never
+// within itself). Kept in a map rather than on the stack: the verifier tracks stack
+// values exactly and explores the bpf_loop callback once per distinct state it sees (a
+// constant step count, an index or none...), while a map value's fields are unknown to it,
+// so the callback is verified for one state. Not pinned: each loaded program has its own.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__type(key, __u32);
+	__type(value, struct eval);
+	__uint(max_entries, 1);
+} mgy_eval SEC(".maps");
 
 static __always_inline void emit(const struct pkt *p, __u32 ifindex, __u8 hook, __u8 kind,
 				 __u8 action, __u32 slot, __u32 idx, __u32 rule_index,
@@ -416,18 +437,59 @@ static __always_inline int rule_matches(const struct rule *r, const struct pkt *
 // policy's old rules or its new ones, whole.
 static long eval_step(__u32 i, void *data)
 {
-	struct eval *e = data;
+	__u32 z = 0;
+	struct eval *e = bpf_map_lookup_elem(&mgy_eval, &z);
 	(void)i;
+	(void)data;
+	if (!e)
+		return 1; // (never: a one-entry array) no verdict: default deny
 	if (e->rule >= e->blk_count) {
-		if (e->step >= e->nsteps || e->step >= MAX_RULES)
+		__u32 at = e->step;
+		if (e->indexed) {
+			// Merge the default and key ranges by step index; entries below the
+			// current step (passed over by a Pass) are skipped one per iteration.
+			__u32 od = NO_STEP, ok = NO_STEP;
+			if (e->d_pos < e->d_end) {
+				struct rule_key rk = {.slot = e->ep_slot, .idx = e->d_pos};
+				struct step *r = bpf_map_lookup_elem(&mgy_steps, &rk);
+				if (!r || r->kind != STEP_REF)
+					goto hole;
+				od = r->block;
+				if (od < e->step) {
+					e->d_pos++;
+					return 0;
+				}
+			}
+			if (e->k_pos < e->k_end) {
+				struct rule_key rk = {.slot = e->ep_slot, .idx = e->k_pos};
+				struct step *r = bpf_map_lookup_elem(&mgy_steps, &rk);
+				if (!r || r->kind != STEP_REF)
+					goto hole;
+				ok = r->block;
+				if (ok < e->step) {
+					e->k_pos++;
+					return 0;
+				}
+			}
+			if (od == NO_STEP && ok == NO_STEP)
+				return 1; // the end of the list: no verdict, default deny
+			if (od <= ok) {
+				at = od;
+				e->d_pos++;
+			} else {
+				at = ok;
+				e->k_pos++;
+			}
+		}
+		if (at >= e->nsteps || at >= MAX_RULES)
 			return 1; // the end of the list: no verdict, default deny
-		struct rule_key sk = {.slot = e->ep_slot, .idx = e->step};
+		struct rule_key sk = {.slot = e->ep_slot, .idx = at};
 		struct step *s = bpf_map_lookup_elem(&mgy_steps, &sk);
 		if (!s || s->kind != STEP_BLOCK) {
 			// A tier's default deny, or a hole (a bug or a torn write): fail closed.
 			e->verdict = TC_ACT_SHOT;
 			e->kind = s ? EV_TIER_END : EV_FAIL;
-			e->at_step = e->step;
+			e->at_step = at;
 			return 1;
 		}
 		__u32 id = s->block;
@@ -441,8 +503,12 @@ static long eval_step(__u32 i, void *data)
 		e->blk_count = b->count;
 		e->rule = 0;
 		e->pass_to = s->pass_to;
-		e->step++;
+		e->step = at + 1;
 		return 0;
+	hole:
+		e->verdict = TC_ACT_SHOT;
+		e->kind = EV_FAIL;
+		return 1;
 	}
 	if (e->rule >= MAX_RULES) {
 		e->verdict = TC_ACT_SHOT;
@@ -456,7 +522,7 @@ static long eval_step(__u32 i, void *data)
 		e->kind = EV_FAIL;
 		return 1;
 	}
-	if (!rule_matches(r, e->p)) {
+	if (!rule_matches(r, &e->p)) {
 		e->rule++;
 		return 0;
 	}
@@ -476,7 +542,7 @@ static long eval_step(__u32 i, void *data)
 	case ACT_LOG:
 		// Calico's Log: the packet is logged and evaluation continues.
 		if (e->flow_logs)
-			emit(e->p, e->ifindex, e->hook, EV_RULE, ACT_LOG, e->blk_slot, e->rule,
+			emit(&e->p, e->ifindex, e->hook, EV_RULE, ACT_LOG, e->blk_slot, e->rule,
 			     r->rule_index, 0, e->len);
 		e->rule++;
 		return 0;
@@ -631,18 +697,44 @@ static __always_inline int policy(struct __sk_buff *skb, __u8 hook)
 	if (!(hook == HOOK_TO_WL && skb->ingress_ifindex == 0)) {
 		__u32 z = 0;
 		__u32 *on = bpf_map_lookup_elem(&mgy_flow_cfg, &z);
-		struct eval e = {.p = &p, .ep_slot = ep->slot[hook & 1],
-				 .nsteps = ep->count[hook & 1], .verdict = -1,
-				 .kind = EV_NO_MATCH, .ifindex = ifindex, .len = skb->len,
-				 .hook = hook, .flow_logs = on && *on};
-		bpf_loop(MAX_RULES, eval_step, &e, 0);
-		if (e.decided)
-			count_rule(&e, skb->len);
-		if (e.flow_logs)
-			emit(&p, ifindex, hook, e.kind,
-			     e.verdict == TC_ACT_OK ? ACT_ALLOW : ACT_DENY, e.blk_slot, e.rule,
-			     e.rule_index, e.at_step, skb->len);
-		if (e.verdict != TC_ACT_OK)
+		struct eval *e = bpf_map_lookup_elem(&mgy_eval, &z);
+		if (!e)
+			return TC_ACT_SHOT;
+		__builtin_memset(e, 0, sizeof(*e));
+		e->p = p;
+		e->ep_slot = ep->slot[hook & 1];
+		e->nsteps = ep->count[hook & 1];
+		e->verdict = -1;
+		e->kind = EV_NO_MATCH;
+		e->ifindex = ifindex;
+		e->len = skb->len;
+		e->hook = hook;
+		e->flow_logs = on && *on;
+		// The hook's index, if it has one: only the blocks that can match this
+		// packet's (protocol, destination port) are walked.
+		struct rule_key ik = {.slot = e->ep_slot, .idx = INDEX_BASE};
+		struct step *d = bpf_map_lookup_elem(&mgy_steps, &ik);
+		if (d && d->kind == STEP_INDEX) {
+			e->indexed = 1;
+			e->d_pos = d->block;
+			e->d_end = d->block + d->pass_to;
+			if (p.has_ports) {
+				ik.idx = INDEX_BASE | ((__u32)p.proto << 16) | bpf_ntohs(p.dport);
+				struct step *k = bpf_map_lookup_elem(&mgy_steps, &ik);
+				if (k && k->kind == STEP_INDEX) {
+					e->k_pos = k->block;
+					e->k_end = k->block + k->pass_to;
+				}
+			}
+		}
+		bpf_loop(MAX_RULES, eval_step, 0, 0);
+		if (e->decided)
+			count_rule(e, skb->len);
+		if (e->flow_logs)
+			emit(&p, ifindex, hook, e->kind,
+			     e->verdict == TC_ACT_OK ? ACT_ALLOW : ACT_DENY, e->blk_slot, e->rule,
+			     e->rule_index, e->at_step, skb->len);
+		if (e->verdict != TC_ACT_OK)
 			return TC_ACT_SHOT; // denied, or no rule decided: default deny
 	}
 	struct ct_val nv = {.last_seen_ns = now, .proto = p.proto};

@@ -107,6 +107,17 @@ impl SetIds {
         self.free.retain(|id| *id > max);
     }
 
+    /// Names `name` with `id` (a restored set with the same entries), unless either is
+    /// taken or the id is 0.
+    fn preassign(&mut self, name: &str, id: u32, taken: &mut HashSet<u32>) -> bool {
+        if id == 0 || self.by_name.contains_key(name) || !taken.insert(id) {
+            return false;
+        }
+        self.free.retain(|f| *f != id);
+        self.by_name.insert(name.to_string(), id);
+        true
+    }
+
     /// Forgets every name not in `live`; their ids become reusable.
     fn retain(&mut self, live: &BTreeSet<String>) {
         let free = &mut self.free;
@@ -289,6 +300,43 @@ fn proto_num(p: PortProtocol) -> u8 {
     }
 }
 
+/// A model set's trie entries (IPv4 members only).
+fn model_entries<'a>(
+    id: u32,
+    members: impl IntoIterator<Item = &'a IpSetMember>,
+) -> BTreeSet<IpSetEntry> {
+    members
+        .into_iter()
+        .filter_map(|m| match m {
+            IpSetMember::Net(c) => entries_of_nets(id, &[*c]).pop_first(),
+            IpSetMember::IpPort {
+                ip: IpAddr::V4(a),
+                protocol,
+                port,
+            } => Some(IpSetEntry {
+                set_id: id,
+                addr: *a,
+                prefix: None,
+                port: *port,
+                proto: proto_num(*protocol),
+            }),
+            IpSetMember::IpPort { .. } => None,
+        })
+        .collect()
+}
+
+/// A set's entries without their id: what two sets with equal members share.
+type SetContent = Vec<(std::net::Ipv4Addr, Option<u8>, u16, u8)>;
+
+fn content(entries: &BTreeSet<IpSetEntry>) -> SetContent {
+    let mut c: SetContent = entries
+        .iter()
+        .map(|e| (e.addr, e.prefix, e.port, e.proto))
+        .collect();
+    c.sort_unstable();
+    c
+}
+
 fn entries_of_nets(id: u32, nets: &[Cidr]) -> BTreeSet<IpSetEntry> {
     nets.iter()
         .filter_map(|c| match c.network().addr() {
@@ -326,6 +374,57 @@ impl Compiler {
     /// See [`SetIds::reserve_up_to`].
     pub fn reserve_set_ids(&mut self, max: u32) {
         self.ids.reserve_up_to(max);
+    }
+
+    /// After a restart, before the first compile: gives each restored set id (with its
+    /// entries) to the set the model would fill with exactly those entries — a model set
+    /// (`m:`), or rule networks (`n:`, named by their sorted networks as `nets_ref` names
+    /// them) — so that blocks and steps referencing it encode as the restored ones and are
+    /// claimed, not rewritten. A restored id nothing claims keeps its reservation; one
+    /// given to a name no rule uses is released at the end of the compile (its old rules
+    /// are retired by then, before any new set could get it). Returns how many were matched.
+    pub fn match_restored_sets(
+        &mut self,
+        model: &DataplaneModel,
+        restored: &BTreeMap<u32, BTreeSet<IpSetEntry>>,
+    ) -> usize {
+        let mut by_content: HashMap<SetContent, Vec<u32>> = HashMap::new();
+        for (id, entries) in restored {
+            if !entries.is_empty() {
+                by_content.entry(content(entries)).or_default().push(*id);
+            }
+        }
+        let mut taken: HashSet<u32> = self.ids.by_name.values().copied().collect();
+        let mut matched = 0;
+        for (mid, (_, members)) in &model.ip_sets {
+            let c = content(&model_entries(0, members));
+            if let Some(id) = by_content.get_mut(&c).and_then(Vec::pop)
+                && self.ids.preassign(&format!("m:{mid}"), id, &mut taken)
+            {
+                matched += 1;
+            }
+        }
+        for (c, ids) in by_content {
+            let nets: Option<Vec<Cidr>> = c
+                .iter()
+                .map(|(a, p, _, _)| p.and_then(|p| Cidr::new(IpAddr::V4(*a), p).ok()))
+                .collect();
+            let (Some(nets), Some(id)) = (nets, ids.first()) else {
+                continue;
+            };
+            let nets = v4(&nets);
+            let name = format!(
+                "n:{}",
+                nets.iter()
+                    .map(|c| c.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            if self.ids.preassign(&name, *id, &mut taken) {
+                matched += 1;
+            }
+        }
+        matched
     }
 
     /// Compiles the whole model. Set ids of sets no longer referenced are released. What did
@@ -466,24 +565,7 @@ impl Compiler {
                 SetSource::Nets(nets) => entries_of_nets(id, nets),
                 SetSource::Model(mid) => match model.ip_sets.get(mid) {
                     None => BTreeSet::new(),
-                    Some((_, members)) => members
-                        .iter()
-                        .filter_map(|m| match m {
-                            IpSetMember::Net(c) => entries_of_nets(id, &[*c]).pop_first(),
-                            IpSetMember::IpPort {
-                                ip: IpAddr::V4(a),
-                                protocol,
-                                port,
-                            } => Some(IpSetEntry {
-                                set_id: id,
-                                addr: *a,
-                                prefix: None,
-                                port: *port,
-                                proto: proto_num(*protocol),
-                            }),
-                            IpSetMember::IpPort { .. } => None,
-                        })
-                        .collect(),
+                    Some((_, members)) => model_entries(id, members),
                 },
             };
             out.sets.insert(id, entries);

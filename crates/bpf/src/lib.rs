@@ -6,6 +6,7 @@
 
 pub mod compile;
 pub mod flows;
+pub mod index;
 pub mod inspect;
 pub mod layout;
 pub mod loader;

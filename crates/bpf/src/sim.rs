@@ -177,3 +177,107 @@ pub fn allows(
     }
     false
 }
+
+/// [`allows`] through the endpoint hook's index (`extras`: the slot's entries beyond the
+/// main list, as [`crate::index::build`] makes them), as the program walks it: the default
+/// range and the packet's key range merged by step index, entries below the current step
+/// (after a Pass) skipped one per iteration. Without a default entry: the linear walk.
+pub fn allows_indexed(
+    steps: &[(crate::compile::Step, std::sync::Arc<Vec<Rule>>)],
+    extras: &BTreeMap<u32, StepEnc>,
+    p: &Packet,
+    sets: &BTreeMap<u32, BTreeSet<IpSetEntry>>,
+) -> bool {
+    use crate::compile::Step;
+    use crate::index::{DEFAULT_IDX, STEP_INDEX, STEP_REF, key_idx};
+    const NONE: u32 = u32::MAX;
+    let Some(def) = extras.get(&DEFAULT_IDX).filter(|d| d.kind == STEP_INDEX) else {
+        return allows(steps, p, sets);
+    };
+    let (mut d_pos, d_end) = (def.block, def.block.saturating_add(def.pass_to));
+    let (mut k_pos, mut k_end) = (0u32, 0u32);
+    if p.has_ports()
+        && let Some(e) = extras
+            .get(&key_idx(p.proto, p.dport))
+            .filter(|e| e.kind == STEP_INDEX)
+    {
+        (k_pos, k_end) = (e.block, e.block.saturating_add(e.pass_to));
+    }
+    // A ref's step index; None: a hole (the program fails closed).
+    let head = |pos: u32| -> Option<u32> {
+        extras
+            .get(&pos)
+            .filter(|r| r.kind == STEP_REF)
+            .map(|r| r.block)
+    };
+    let mut floor = 0u32;
+    let mut block: &[Rule] = &[];
+    let mut rule = 0usize;
+    let mut pass_to = 0u32;
+    for _ in 0..MAX_RULES {
+        if rule >= block.len() {
+            let od = if d_pos < d_end {
+                match head(d_pos) {
+                    Some(o) => o,
+                    None => return false,
+                }
+            } else {
+                NONE
+            };
+            if od < floor {
+                d_pos += 1;
+                continue;
+            }
+            let ok = if k_pos >= k_end {
+                NONE
+            } else {
+                match head(k_pos) {
+                    Some(o) => o,
+                    None => return false,
+                }
+            };
+            if ok < floor {
+                k_pos += 1;
+                continue;
+            }
+            if od == NONE && ok == NONE {
+                return false;
+            }
+            let at = if od <= ok {
+                d_pos += 1;
+                od
+            } else {
+                k_pos += 1;
+                ok
+            };
+            let Some((s, rules)) = steps.get(at as usize) else {
+                return false;
+            };
+            match s {
+                Step::Deny(_) => return false,
+                Step::Block { pass_to: to, .. } => {
+                    block = rules;
+                    rule = 0;
+                    pass_to = *to;
+                    floor = at + 1;
+                }
+            }
+            continue;
+        }
+        let r = &block[rule];
+        if !rule_matches(r, p, sets) {
+            rule += 1;
+            continue;
+        }
+        match r.action {
+            ACT_ALLOW => return true,
+            ACT_PASS => {
+                floor = floor.max(pass_to);
+                rule = block.len();
+            }
+            ACT_LOG => rule += 1,
+            _ => return false,
+        }
+    }
+    false
+}

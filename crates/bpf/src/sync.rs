@@ -23,12 +23,13 @@
 //! sync. A failed write leaves what was written recorded, so the next sync continues from
 //! there.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use margay_calc::{DataplaneModel, WorkloadEndpointId};
 
 use crate::compile::{BlockKey, CompileConfig, CompileError, Compiler, Step};
+use crate::index::Summary;
 use crate::layout::{Block, Endpoint, IpSetEntry, MAX_RULES, Rule, STEP_BLOCK, STEP_DENY, StepEnc};
 
 /// What the syncer needs from the kernel (the real one is [`crate::loader::BpfMaps`]).
@@ -80,6 +81,8 @@ struct Written {
     /// A restored hook's encoded steps (empty once written by this run).
     restored: [Vec<StepEnc>; 2],
     count: [usize; 2],
+    /// The hook's index entries in its slot (beyond the main list; see `index.rs`).
+    extra: [Arc<[(u32, StepEnc)]>; 2],
 }
 
 #[derive(Debug, Clone)]
@@ -87,15 +90,33 @@ struct WrittenBlock {
     id: u32,
     slot: u32,
     rules: Arc<Vec<Rule>>,
+    /// What the endpoints' indexes know of it.
+    summary: Arc<Summary>,
 }
 
 /// Something to delete one sync after it stopped being read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Retired {
-    Rules { slot: u32, n: usize },
-    Steps { slot: u32, n: usize },
+    Rules {
+        slot: u32,
+        n: usize,
+    },
+    Steps {
+        slot: u32,
+        n: usize,
+    },
+    /// A step slot's index entries (listed before the slot's `Steps`, which frees it).
+    StepIdx {
+        slot: u32,
+        idxs: Arc<[u32]>,
+    },
     Block(u32),
 }
+
+/// Index entries all endpoints together may hold in `mgy_steps` (an eighth of the map): the
+/// index only saves time, the main lists must always fit, also while a policy's port change
+/// rewrites every indexed endpoint (their old slots stay one sync: twice their entries).
+const INDEX_BUDGET: usize = 32768;
 
 /// What one sync did (for logs, stats and tests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -142,6 +163,15 @@ pub struct Syncer {
     stray_steps: Vec<(u32, u32)>,
     /// Restored blocks no compiled block has claimed yet, by content: (id, slot).
     unclaimed: HashMap<Vec<Rule>, Vec<(u32, u32)>>,
+    /// Index entries the written endpoints hold (bounded by `INDEX_BUDGET`).
+    index_entries: usize,
+    /// Blocks whose summary changed, until every endpoint indexing them was rewritten.
+    resummarized: HashSet<Arc<BlockKey>>,
+    /// No index for endpoints written from now on (benchmarks: the linear walk).
+    index_off: bool,
+    /// The restored IP sets, by id, until the first sync matched them to the model's by
+    /// content (`Compiler::match_restored_sets`).
+    restored_sets: Option<BTreeMap<u32, BTreeSet<IpSetEntry>>>,
 }
 
 /// What a previous run left in the maps, read by the loader at start.
@@ -190,6 +220,12 @@ impl Syncer {
             compiler: Compiler::new(cfg),
             ..Syncer::default()
         }
+    }
+
+    /// Turns the per-hook index off (on by default) for the endpoints written from now on:
+    /// the program then walks every step (to measure what the index saves).
+    pub fn set_index(&mut self, on: bool) {
+        self.index_off = !on;
     }
 
     /// Endpoints programmed, by interface: (endpoint, ifindex, step counts per hook). The
@@ -281,6 +317,10 @@ impl Syncer {
         // Slot -> entries read from it; a slot read twice (a corrupt map) is owned once.
         let mut rule_slots: BTreeMap<u32, u32> = BTreeMap::new();
         let mut step_slots: BTreeMap<u32, u32> = BTreeMap::new();
+        // A live step slot's index entries (not strays).
+        let mut extra_steps: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+        // An orphan step slot's entries, listed (index entries sit at INDEX_BASE and above).
+        let mut orphan_steps: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         for (id, b) in &r.blocks {
             max_block = max_block.max(Some(*id));
             if rule_slots.contains_key(&b.slot) {
@@ -310,6 +350,21 @@ impl Syncer {
                     .map(|i| r.steps.get(&(ep.slot[h], i)).copied().unwrap_or(HOLE_STEP))
                     .collect::<Vec<_>>()
             });
+            // The slot's entries beyond the main list: its index (compared at the first
+            // sync, retired with the slot).
+            let extra = [0, 1].map(|h| {
+                let n = restored[h].len() as u32;
+                let e: Arc<[(u32, StepEnc)]> = r
+                    .steps
+                    .range((ep.slot[h], n)..=(ep.slot[h], u32::MAX))
+                    .map(|((_, i), st)| (*i, *st))
+                    .collect();
+                e
+            });
+            for (s, e) in ep.slot.iter().zip(&extra) {
+                extra_steps.insert(*s, e.iter().map(|(i, _)| *i).collect());
+            }
+            self.index_entries += extra[0].len() + extra[1].len();
             self.written.insert(
                 name.clone(),
                 Written {
@@ -319,6 +374,7 @@ impl Syncer {
                     steps: [None, None],
                     count: [restored[0].len(), restored[1].len()],
                     restored,
+                    extra,
                 },
             );
             report.endpoints += 1;
@@ -339,7 +395,9 @@ impl Syncer {
             };
             match used.get(slot) {
                 Some(n) if idx < n => {}
+                Some(_) if !is_rule && extra_steps.get(slot).is_some_and(|e| e.contains(idx)) => {}
                 Some(_) => stray.push((*slot, *idx)),
+                None if !is_rule => orphan_steps.entry(*slot).or_default().push(*idx),
                 None => {
                     let e = orphans.entry(*slot).or_insert((is_rule, 0));
                     e.1 = e.1.max(idx.saturating_add(1));
@@ -349,7 +407,14 @@ impl Syncer {
         for s in rule_slots.keys().chain(step_slots.keys()) {
             max_slot = max_slot.max(Some(*s));
         }
-        report.orphan_slots = orphans.len();
+        report.orphan_slots = orphans.len() + orphan_steps.len();
+        for (slot, idxs) in orphan_steps {
+            self.retired.push(Retired::StepIdx {
+                slot,
+                idxs: idxs.into(),
+            });
+            self.retired.push(Retired::Steps { slot, n: 0 });
+        }
         for (slot, (is_rule, n)) in orphans {
             let n = n as usize;
             self.retired.push(if is_rule {
@@ -384,10 +449,12 @@ impl Syncer {
             }
         }
         self.compiler.reserve_set_ids(max_set);
+        self.restored_sets = Some(self.sets.clone());
         report
     }
 
-    fn free(&mut self, k: &mut impl Kernel, r: Retired) -> Result<(), SyncError> {
+    fn free(&mut self, k: &mut impl Kernel, r: &Retired) -> Result<(), SyncError> {
+        let r = r.clone();
         match r {
             Retired::Rules { slot, n } => {
                 for idx in 0..n {
@@ -402,6 +469,12 @@ impl Syncer {
                         .map_err(err(format!("deleting steps of retired slot {slot}")))?;
                 }
                 self.free_slots.insert(slot);
+            }
+            Retired::StepIdx { slot, idxs } => {
+                for idx in idxs.iter() {
+                    k.del_step(slot, *idx)
+                        .map_err(err(format!("deleting the index of retired slot {slot}")))?;
+                }
             }
             Retired::Block(id) => {
                 k.del_block(id)
@@ -434,6 +507,28 @@ impl Syncer {
                 },
             })
             .collect()
+    }
+
+    /// The hook's index entries (see `index.rs`) from its blocks' summaries; none when the
+    /// index would not fit `INDEX_BUDGET` (besides `freed`, the entries the hook's current
+    /// index, to be retired, holds).
+    fn encode_index(&self, steps: &[Step], freed: usize) -> Vec<(u32, StepEnc)> {
+        let main: Vec<Option<&Summary>> = steps
+            .iter()
+            .map(|s| match s {
+                Step::Deny(_) => None,
+                // (A block not written fails `encode_steps` first.)
+                Step::Block { key, .. } => self.blocks.get(key).map(|b| &*b.summary),
+            })
+            .collect();
+        if self.index_off {
+            return Vec::new();
+        }
+        let extra = crate::index::build(&main);
+        if self.index_entries.saturating_sub(freed) + extra.len() > INDEX_BUDGET {
+            return Vec::new();
+        }
+        extra
     }
 
     /// Writes one block's rules into a fresh slot and points its entry there (the flip).
@@ -484,6 +579,7 @@ impl Syncer {
                 id,
                 slot,
                 rules: rules.clone(),
+                summary: Arc::new(crate::index::summary(rules)),
             },
         );
         Ok(())
@@ -517,12 +613,20 @@ impl Syncer {
         // 6 (from the previous sync): free what was retired then.
         let retiring = std::mem::take(&mut self.retiring);
         for (i, r) in retiring.iter().enumerate() {
-            if let Err(e) = self.free(k, *r) {
+            if let Err(e) = self.free(k, r) {
                 // Keep what is left for the next attempt.
                 self.retiring.extend_from_slice(&retiring[i..]);
                 return Err(e);
             }
             report.slots_freed += 1;
+        }
+        if let Some(restored) = self.restored_sets.take() {
+            let n = self.compiler.match_restored_sets(model, &restored);
+            tracing::debug!(
+                matched = n,
+                restored = restored.len(),
+                "eBPF: restored IP sets matched by content"
+            );
         }
         let compiled = self.compiler.compile(model);
         report.refused = compiled.errors.clone();
@@ -557,9 +661,19 @@ impl Syncer {
                         id,
                         slot,
                         rules: rules.clone(),
+                        summary: Arc::new(crate::index::summary(rules)),
                     },
                 );
                 continue;
+            }
+            // A block whose summary changes leaves the indexes of the endpoints using it
+            // stale until step 3 rewrites them. Meanwhile a packet the stale index sends
+            // past the block is one the old rules did not match: it sees the policy's old
+            // version, whole, as a packet that read the block's entry before the flip.
+            if let Some(old) = self.blocks.get(key)
+                && *old.summary != crate::index::summary(rules)
+            {
+                self.resummarized.insert(key.clone());
             }
             self.write_block(k, key, rules, &mut report)?;
         }
@@ -583,20 +697,39 @@ impl Syncer {
                 .map_err(err(format!("attaching to {iface}")))?;
             let mut slot = [0u32; 2];
             let mut changed = old.is_none();
+            let mut extra: [Arc<[(u32, StepEnc)]>; 2] = [Arc::from([]), Arc::from([])];
             for hook in 0..2 {
+                let stale_index = |steps: &[Step]| {
+                    !self.resummarized.is_empty()
+                        && steps.iter().any(|s| {
+                            matches!(s, Step::Block { key, .. } if self.resummarized.contains(key))
+                        })
+                };
                 let same = match &old {
                     None => false,
                     Some(o) => match &o.steps[hook] {
-                        Some(s) => Arc::ptr_eq(s, &ep.steps[hook]) || **s == *ep.steps[hook],
-                        None => self.encode_steps(&ep.steps[hook])? == o.restored[hook],
+                        Some(s) => {
+                            (Arc::ptr_eq(s, &ep.steps[hook]) || **s == *ep.steps[hook])
+                                && (o.extra[hook].is_empty() || !stale_index(s))
+                        }
+                        None => {
+                            self.encode_steps(&ep.steps[hook])? == o.restored[hook]
+                                && *self.encode_index(&ep.steps[hook], o.extra[hook].len())
+                                    == *o.extra[hook]
+                        }
                     },
                 };
                 if let (true, Some(o)) = (same, &old) {
                     slot[hook] = o.slot[hook];
+                    extra[hook] = o.extra[hook].clone();
                     continue;
                 }
                 let enc = self.encode_steps(&ep.steps[hook])?;
+                let freed = old.as_ref().map_or(0, |o| o.extra[hook].len());
+                let idx_enc: Arc<[(u32, StepEnc)]> =
+                    self.encode_index(&ep.steps[hook], freed).into();
                 let s = self.alloc_slot();
+                // The main list, then its index (nothing reads the slot before the flip).
                 for (idx, st) in enc.iter().enumerate() {
                     if let Err(e) = k.put_step(s, idx as u32, st) {
                         self.retired.push(Retired::Steps {
@@ -607,6 +740,22 @@ impl Syncer {
                     }
                     report.steps_written += 1;
                 }
+                for (i, (idx, st)) in idx_enc.iter().enumerate() {
+                    if let Err(e) = k.put_step(s, *idx, st) {
+                        self.retired.push(Retired::StepIdx {
+                            slot: s,
+                            idxs: idx_enc[..=i].iter().map(|(x, _)| *x).collect(),
+                        });
+                        self.retired.push(Retired::Steps {
+                            slot: s,
+                            n: enc.len(),
+                        });
+                        return Err(err(format!("writing the index of {iface}"))(e));
+                    }
+                    report.steps_written += 1;
+                }
+                self.index_entries += idx_enc.len();
+                extra[hook] = idx_enc;
                 slot[hook] = s;
                 changed = true;
             }
@@ -630,6 +779,7 @@ impl Syncer {
             if let Err(e) = k.put_endpoint(ifindex, &entry) {
                 for hook in 0..2 {
                     if old.as_ref().is_none_or(|o| o.slot[hook] != slot[hook]) {
+                        self.retire_index(slot[hook], &extra[hook]);
                         self.retired.push(Retired::Steps {
                             slot: slot[hook],
                             n: count[hook],
@@ -642,6 +792,7 @@ impl Syncer {
             if let Some(o) = &old {
                 for hook in 0..2 {
                     if o.slot[hook] != slot[hook] {
+                        self.retire_index(o.slot[hook], &o.extra[hook]);
                         self.retired.push(Retired::Steps {
                             slot: o.slot[hook],
                             n: o.count[hook],
@@ -658,9 +809,12 @@ impl Syncer {
                     steps: [Some(ep.steps[0].clone()), Some(ep.steps[1].clone())],
                     restored: [Vec::new(), Vec::new()],
                     count,
+                    extra,
                 },
             );
         }
+        // Every indexed endpoint using a resummarized block has its index rewritten.
+        self.resummarized.clear();
         // 4. Endpoints gone; blocks nothing uses (every endpoint has flipped away).
         let gone: Vec<String> = self
             .written
@@ -761,6 +915,18 @@ impl Syncer {
         Ok(self.guarded.len())
     }
 
+    /// Retires a step slot's index entries (before the slot itself).
+    fn retire_index(&mut self, slot: u32, extra: &[(u32, StepEnc)]) {
+        if extra.is_empty() {
+            return;
+        }
+        self.index_entries = self.index_entries.saturating_sub(extra.len());
+        self.retired.push(Retired::StepIdx {
+            slot,
+            idxs: extra.iter().map(|(i, _)| *i).collect(),
+        });
+    }
+
     fn remove_endpoint<K: Kernel>(
         &mut self,
         iface: &str,
@@ -773,7 +939,9 @@ impl Syncer {
         k.del_endpoint(w.ifindex)
             .map_err(err(format!("removing the endpoint entry of {iface}")))?;
         k.detach(iface);
+        let w = w.clone();
         for hook in 0..2 {
+            self.retire_index(w.slot[hook], &w.extra[hook]);
             self.retired.push(Retired::Steps {
                 slot: w.slot[hook],
                 n: w.count[hook],
@@ -891,7 +1059,13 @@ mod tests {
                         assert!(self.blocks.contains_key(&s.block), "flip before block");
                     }
                 }
-                assert!(!self.steps.contains_key(&(ep.slot[hook], ep.count[hook])));
+                // The slot holds exactly the main list and its index, built from the rules
+                // the blocks hold now.
+                assert_eq!(
+                    self.extras(ep.slot[hook], ep.count[hook]),
+                    self.expected_index(ep.slot[hook], ep.count[hook]),
+                    "flip to a stale or partial index"
+                );
             }
             self.writes += 1;
             self.eps.insert(ifindex, *ep);
@@ -915,12 +1089,55 @@ mod tests {
     }
 
     impl Fake {
-        /// Every rule and step belongs to a live entry; every block entry is read.
+        /// A step slot's entries beyond its main list.
+        fn extras(&self, slot: u32, count: u32) -> BTreeMap<u32, StepEnc> {
+            self.steps
+                .iter()
+                .filter(|((s, i), _)| *s == slot && *i >= count)
+                .map(|((_, i), st)| (*i, *st))
+                .collect()
+        }
+
+        /// The index the slot's main list should have with the blocks as they are.
+        fn expected_index(&self, slot: u32, count: u32) -> BTreeMap<u32, StepEnc> {
+            let sums: Vec<Option<crate::index::Summary>> = (0..count)
+                .map(|i| {
+                    let s = self.steps.get(&(slot, i))?;
+                    if s.kind != STEP_BLOCK {
+                        return None;
+                    }
+                    let b = *self.blocks.get(&s.block)?;
+                    let rules: Vec<Rule> = (0..b.count)
+                        .filter_map(|r| self.rules.get(&(b.slot, r)).cloned())
+                        .collect();
+                    Some(crate::index::summary(&rules))
+                })
+                .collect();
+            let refs: Vec<Option<&crate::index::Summary>> =
+                sums.iter().map(Option::as_ref).collect();
+            crate::index::build(&refs).into_iter().collect()
+        }
+
+        /// Every rule and step belongs to a live entry; every block entry is read; every
+        /// endpoint's index is exact for the rules its blocks hold.
         fn assert_no_leftovers(&self) {
+            for ep in self.eps.values() {
+                for hook in 0..2 {
+                    assert_eq!(
+                        self.extras(ep.slot[hook], ep.count[hook]),
+                        self.expected_index(ep.slot[hook], ep.count[hook]),
+                        "a stale index after a sync"
+                    );
+                }
+            }
             let live_steps: usize = self
                 .eps
                 .values()
-                .map(|e| (e.count[0] + e.count[1]) as usize)
+                .map(|e| {
+                    (0..2)
+                        .map(|h| e.count[h] as usize + self.extras(e.slot[h], e.count[h]).len())
+                        .sum::<usize>()
+                })
                 .sum();
             assert_eq!(self.steps.len(), live_steps, "no step outlives its slot");
             let live_rules: usize = self.blocks.values().map(|b| b.count as usize).sum();
@@ -1061,11 +1278,17 @@ mod tests {
         let r = s.sync(&model(80, &["10.1.0.0/16"]), &mut k).expect("sync");
         assert_eq!((r.rules_written, r.endpoints_flipped), (0, 0));
         assert_eq!(k.writes, before);
-        // The policy changes: its block's one rule is written once and its entry flipped;
-        // no endpoint entry or step is touched.
+        // The policy changes (its action; same ports): its block's one rule is written once
+        // and its entry flipped; no endpoint entry or step is touched.
         let before = k.writes;
         let rules_before = k.rules.len();
-        let r = s.sync(&model(443, &["10.1.0.0/16"]), &mut k).expect("sync");
+        let mut denied = model(80, &["10.1.0.0/16"]);
+        for p in denied.policies.values_mut() {
+            let mut np = (**p).clone();
+            np.inbound[0].action = RuleAction::Deny;
+            *p = Arc::new(np);
+        }
+        let r = s.sync(&denied, &mut k).expect("sync");
         assert_eq!(
             (
                 r.rules_written,
@@ -1079,9 +1302,23 @@ mod tests {
         assert_eq!(k.writes, before + 2);
         assert_eq!(r.slots_freed, 0, "old slots stay one sync");
         assert_eq!(k.rules.len(), rules_before + 1);
-        let r = s.sync(&model(443, &["10.1.0.0/16"]), &mut k).expect("sync");
+        let r = s.sync(&denied, &mut k).expect("sync");
         assert_eq!(r.slots_freed, 1);
         assert_eq!(k.rules.len(), rules_before);
+        k.assert_no_leftovers();
+        // A change of its port changes what the endpoints' indexes must say: the block is
+        // flipped, then the two endpoints using it (a and b, not c) get new steps and index.
+        let r = s.sync(&model(443, &["10.1.0.0/16"]), &mut k).expect("sync");
+        assert_eq!(
+            (r.rules_written, r.blocks_flipped, r.endpoints_flipped),
+            (1, 1, 2),
+            "{r:?}"
+        );
+        // Per endpoint: the main list (policy, tier end), one default ref (the tier end),
+        // the default entry, one ref to the policy's step and the port's entry.
+        assert_eq!(r.steps_written, 2 * 6, "{r:?}");
+        let r = s.sync(&model(443, &["10.1.0.0/16"]), &mut k).expect("sync");
+        assert_eq!((r.rules_written, r.steps_written), (0, 0));
         k.assert_no_leftovers();
     }
 
@@ -1166,18 +1403,24 @@ mod tests {
         assert_eq!(k.eps, eps_before, "adopting writes nothing");
         assert!(s2.endpoints().all(|(_, id, _, _)| id.is_none()));
         assert_eq!(s2.owned_interfaces().len(), 3);
-        // The first sync: the Fake checks every flip; set ids never reuse the restored
-        // ones (old rules still read them).
+        // The first sync: the Fake checks every flip. Every restored set has its model
+        // set's entries (the policy's set, each endpoint's own address): each keeps its id,
+        // so every block and endpoint is claimed as it is: nothing is written.
         let r = s2.sync(&model(80, &["10.1.0.0/16"]), &mut k).expect("sync");
-        assert!(r.endpoints_flipped <= 3);
+        assert_eq!(
+            (
+                r.rules_written,
+                r.steps_written,
+                r.endpoints_flipped,
+                r.set_entries_added
+            ),
+            (0, 0, 0, 0),
+            "{r:?}"
+        );
         assert!(!k.eps.contains_key(&77), "the stale entry is gone");
         let new_ids: BTreeSet<u32> = k.sets.iter().map(|e| e.set_id).collect();
-        assert!(
-            new_ids.is_disjoint(&old_ids),
-            "{new_ids:?} vs {old_ids:?}: old set entries are removed, no id reused"
-        );
-        // Blocks without sets (the profile's empty one is not stored; the tier's deny is a
-        // step) are claimed as they are: every block id still in use was restored.
+        assert_eq!(new_ids, old_ids);
+        assert_eq!(k.blocks, blocks_before);
         assert!(s2.endpoints().all(|(_, id, _, _)| id.is_some()));
         let r = s2.sync(&model(80, &["10.1.0.0/16"]), &mut k).expect("sync");
         assert_eq!((r.rules_written, r.endpoints_flipped), (0, 0));
@@ -1191,7 +1434,28 @@ mod tests {
         slots.sort_unstable();
         slots.dedup();
         assert_eq!(slots.len(), n);
-        let _ = blocks_before;
+
+        // A set whose members changed while nobody ran matches nothing: it gets an id never
+        // used before (old rules still read the old ones) and its blocks are rewritten.
+        let mut s3 = Syncer::default();
+        s3.adopt(k.restored(), &k);
+        let r = s3
+            .sync(&model(80, &["10.1.0.0/16", "10.9.0.0/16"]), &mut k)
+            .expect("sync");
+        assert_eq!(r.rules_written, 1, "the policy's block only: {r:?}");
+        let ids: BTreeSet<u32> = k.sets.iter().map(|e| e.set_id).collect();
+        assert_eq!(
+            ids.difference(&old_ids).count(),
+            1,
+            "{ids:?} vs {old_ids:?}"
+        );
+        let max_old = old_ids.iter().max().copied().unwrap_or_default();
+        assert!(ids.difference(&old_ids).all(|id| *id > max_old));
+        s3.sync(&model(80, &["10.1.0.0/16", "10.9.0.0/16"]), &mut k)
+            .expect("sync");
+        s3.sync(&model(80, &["10.1.0.0/16", "10.9.0.0/16"]), &mut k)
+            .expect("sync");
+        k.assert_no_leftovers();
     }
 
     #[test]

@@ -307,6 +307,96 @@ fn programs_enforce_fail_closed_ports_replies_and_an_atomic_flip() {
     assert!(tcp(&t, 0, 1, 80), "no program left: traffic flows");
 }
 
+/// The per-hook index in the kernel: a packet walks only the blocks its (protocol,
+/// destination port) can match, merged with the default range by step index, Pass skipping
+/// the refs below its target. Proven by a hole only the linear walk meets.
+#[test]
+fn an_indexed_hook_walks_only_the_blocks_for_the_packets_port() {
+    use margay_bpf::index::{DEFAULT_IDX, build, summary};
+    if !is_root() {
+        eprintln!("skipped: needs root (CI runs as root)");
+        return;
+    }
+    let fs = PrivateBpffs::new();
+    let t = topo("bpfi");
+    in_ns(&t.node, || {
+        let mut k = BpfMaps::load(&fs.path().join("nodei")).unwrap();
+        let ib = k.ifindex("calib0").unwrap();
+        k.attach("calib0", ib).unwrap();
+        let mut pass80 = allow_tcp_port(80);
+        pass80[0].action = ACT_PASS;
+        let deny81 = {
+            let mut r = allow_tcp_port(81);
+            r[0].action = ACT_DENY;
+            r
+        };
+        // Blocks 1: pass tcp/80, 2: allow tcp/80, 4: allow all (b's egress); block 3 is
+        // never written (a hole: the program fails closed on it).
+        for (id, slot, rules) in [(1, 100, &pass80), (2, 101, &allow_tcp_port(80))] {
+            k.put_rule(slot, 0, &rules[0]).unwrap();
+            k.put_block(id, &Block { slot, count: 1 }).unwrap();
+        }
+        k.put_rule(102, 0, &allow_all()[0]).unwrap();
+        k.put_block(
+            4,
+            &Block {
+                slot: 102,
+                count: 1,
+            },
+        )
+        .unwrap();
+        let block = |block, pass_to| StepEnc {
+            kind: STEP_BLOCK,
+            block,
+            pass_to,
+        };
+        k.put_step(110, 0, &block(4, 1)).unwrap();
+        // b's ingress: 0 the hole (keyed 81), 1 pass tcp/80 (to 3), 2 the tier's deny,
+        // 3 allow tcp/80.
+        let steps = [
+            block(3, 3),
+            block(1, 3),
+            StepEnc {
+                kind: STEP_DENY,
+                block: 0,
+                pass_to: 0,
+            },
+            block(2, 4),
+        ];
+        for (i, st) in steps.iter().enumerate() {
+            k.put_step(111, i as u32, st).unwrap();
+        }
+        let sums = [
+            summary(&deny81),
+            summary(&pass80),
+            summary(&allow_tcp_port(80)),
+        ];
+        let index = build(&[Some(&sums[0]), Some(&sums[1]), None, Some(&sums[2])]);
+        assert!(!index.is_empty());
+        for (idx, st) in &index {
+            k.put_step(111, *idx, st).unwrap();
+        }
+        k.put_endpoint(
+            ib,
+            &Endpoint {
+                slot: [110, 111],
+                count: [1, 4],
+                flags: 0,
+            },
+        )
+        .unwrap();
+        // Port 80: the hole is not on its walk; the Pass jumps over the tier's deny.
+        assert!(tcp(&t, 0, 1, 80), "the indexed walk allows tcp/80");
+        // Port 81: its one keyed step is the hole: fail closed.
+        assert!(!tcp(&t, 0, 1, 81));
+        // Without the index (its default entry deleted) the linear walk meets the hole.
+        k.del_step(111, DEFAULT_IDX).unwrap();
+        assert!(!tcp(&t, 0, 1, 80), "the linear walk fails closed at step 0");
+        drop(k);
+    });
+    margay_bpf::inspect::remove_pins(&fs.path().join("nodei")).unwrap();
+}
+
 /// The largest rule the limits allow, `MAX_RULES` times; the packet matches none until the
 /// last, so the loop runs to its bound.
 #[test]

@@ -8,9 +8,11 @@
 //! `--policies` policies applying to the two pods (their allow rule last) and `--members`
 //! IP-set members programmed.
 //!
-//! `--bpf`: the same policy in the eBPF dataplane's programs and maps (crates/bpf) instead of
-//! nftables, measured with flow events off, then on with a reader draining the ring buffer and
-//! naming each event's rule (as Felix's flow logs do).
+//! `--bpf [--rounds 3]`: the same policy in the eBPF dataplane's programs and maps
+//! (crates/bpf), side by side with no rules and with the nftables table in every round:
+//! flow events off, then on with a reader draining the ring buffer and naming each event's
+//! rule (as Felix's flow logs do). `--linear`: also the programs without the per-hook index
+//! (every step walked, as before it existed).
 //!
 //! Internal: `--connect-loop ADDR SECS` (run inside the client pod) opens and closes TCP
 //! connections for SECS seconds and prints how many succeeded.
@@ -188,8 +190,16 @@ fn main() {
         println!("{label}: TCP throughput {gbps:.2} Gbit/s, connection rate {rate:.0}/s");
         (gbps, rate)
     };
-    let (base_tput, base_rate) = measure("no margay rules");
-    let (b2, r2) = measure("no margay rules (again)");
+    let bpf = args.iter().any(|a| a == "--bpf");
+    // (The eBPF comparison measures its own baseline in every round.)
+    let ((base_tput, base_rate), (b2, r2)) = if bpf {
+        ((0.0, 0.0), (0.0, 0.0))
+    } else {
+        (
+            measure("no margay rules"),
+            measure("no margay rules (again)"),
+        )
+    };
     let (base_tput, base_rate) = ((base_tput + b2) / 2.0, (base_rate + r2) / 2.0);
 
     // Program the policy: many policies select both pods; the one allowing traffic is last.
@@ -255,8 +265,8 @@ fn main() {
     graph.on_in_sync();
     let mut model = DataplaneModel::default();
     model.apply_all(&graph.flush()).unwrap();
-    if args.iter().any(|a| a == "--bpf") {
-        bpf_bench(&node, &model, &measure, (base_tput, base_rate));
+    if bpf {
+        bpf_bench(&node, &model, &measure);
         return;
     }
     let (mut driver, stats) = NftDriver::new(NftDriverConfig {
@@ -365,7 +375,12 @@ impl Drop for Bpffs {
 
 type Measure<'a> = &'a dyn Fn(&str) -> (f64, f64);
 
-fn bpf_bench(node: &Netns, model: &DataplaneModel, measure: Measure<'_>, base: (f64, f64)) {
+/// Rounds of: no margay rules, the eBPF programs with flow events off, on (a reader
+/// draining the ring buffer and naming each event's rule, as Felix's flow logs do), and the
+/// nftables dataplane's table for the same model: all four side by side in every round, so
+/// the machine's drifting load weighs on each alike. The programs are attached and detached
+/// (pins removed) within each round.
+fn bpf_bench(node: &Netns, model: &DataplaneModel, measure: Measure<'_>) {
     use margay_bpf::flows::FlowReader;
     use margay_dataplane::bpf_driver::BpfFlowSource;
     use std::sync::Arc;
@@ -374,68 +389,135 @@ fn bpf_bench(node: &Netns, model: &DataplaneModel, measure: Measure<'_>, base: (
     let fs = Bpffs(tempfile::tempdir().unwrap());
     margay_bpf::loader::ensure_bpffs(fs.0.path()).unwrap();
     let pins = fs.0.path().join("bench");
-    let mut syncer = margay_bpf::sync::Syncer::new(Default::default());
-    let (maps, names) = in_ns(node, || {
-        let mut maps = margay_bpf::loader::BpfMaps::load(&pins).unwrap();
-        let r = syncer.sync(model, &mut maps).unwrap();
-        let (blocks, rules) = syncer.num_blocks();
-        println!(
-            "eBPF: {blocks} blocks, {rules} rules, {} steps written, {} set entries",
-            r.steps_written,
-            syncer.num_set_entries()
-        );
-        (maps, syncer.flow_names())
-    });
-    // Flow events off and on in alternating rounds (the machine's load drifts): a reader
-    // drains the ring buffer throughout and names each event's rule, as Felix's flow logs do.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (read, named) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let mut reader = FlowReader::open_with(&pins, false).unwrap();
-    let mut switch = FlowReader::open_with(&pins, false).unwrap();
-    let names = Arc::new(names);
-    let t = {
-        let (stop, read, named) = (stop.clone(), read.clone(), named.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                reader.poll(Duration::from_millis(100), 10_000, |e| {
-                    read.fetch_add(1, Ordering::Relaxed);
-                    if BpfFlowSource::resolve(&names, &e).is_some() {
-                        named.fetch_add(1, Ordering::Relaxed);
-                    }
-                });
-            }
-            reader.drops()
-        })
-    };
     let rounds = arg("--rounds", 3);
-    let (mut off, mut on) = ((0.0, 0.0), (0.0, 0.0));
+    let (read, named) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut drops = 0;
+    // (throughput, rate) sums: none, eBPF off, eBPF on, nftables, eBPF without the index.
+    let linear = std::env::args().any(|a| a == "--linear");
+    let mut sum = [(0.0, 0.0); 5];
+    let mut add = |i: usize, (t, r): (f64, f64)| {
+        sum[i].0 += t;
+        sum[i].1 += r;
+    };
+    // Warm-up: the client's first seconds of connections (no TIME_WAIT sockets yet) run
+    // faster than every later measurement.
+    measure("warm-up (not counted)");
     for i in 0..rounds {
+        add(0, measure(&format!("no margay rules (round {})", i + 1)));
+        let mut syncer = margay_bpf::sync::Syncer::new(Default::default());
+        let (maps, names) = in_ns(node, || {
+            let mut maps = margay_bpf::loader::BpfMaps::load(&pins).unwrap();
+            let t = Instant::now();
+            let r = syncer.sync(model, &mut maps).unwrap();
+            let (blocks, rules) = syncer.num_blocks();
+            if i == 0 {
+                println!(
+                    "eBPF: {blocks} blocks, {rules} rules, {} steps written (index included), {} set entries, sync {:.0} ms",
+                    r.steps_written,
+                    syncer.num_set_entries(),
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+            }
+            (maps, syncer.flow_names())
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut reader = FlowReader::open_with(&pins, false).unwrap();
+        let mut switch = FlowReader::open_with(&pins, false).unwrap();
+        let names = Arc::new(names);
+        let t = {
+            let (stop, read, named) = (stop.clone(), read.clone(), named.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    reader.poll(Duration::from_millis(100), 10_000, |e| {
+                        read.fetch_add(1, Ordering::Relaxed);
+                        if BpfFlowSource::resolve(&names, &e).is_some() {
+                            named.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                }
+                reader.drops()
+            })
+        };
         switch.set_enabled(false).unwrap();
-        let (t, r) = measure(&format!("eBPF policy, flow events off (round {})", i + 1));
-        off = (off.0 + t, off.1 + r);
+        add(
+            1,
+            measure(&format!("eBPF policy, flow events off (round {})", i + 1)),
+        );
         switch.set_enabled(true).unwrap();
-        let (t, r) = measure(&format!("eBPF policy, flow events on (round {})", i + 1));
-        on = (on.0 + t, on.1 + r);
+        add(
+            2,
+            measure(&format!("eBPF policy, flow events on (round {})", i + 1)),
+        );
+        switch.set_enabled(false).unwrap();
+        stop.store(true, Ordering::Relaxed);
+        drops += t.join().unwrap();
+        drop(switch);
+        // Detach: removing the pins removes the links.
+        drop(maps);
+        margay_bpf::inspect::remove_pins(&pins).unwrap();
+
+        let (mut driver, _) = NftDriver::new(NftDriverConfig {
+            nft: NftConfig::default(),
+            runner: NftRunner {
+                netns: Some(node.name().to_string()),
+                ..NftRunner::default()
+            },
+            refresh_interval: Duration::ZERO,
+            flowtable_extra_devices: None,
+        });
+        driver.mark_dirty();
+        driver.sync(model).unwrap();
+        add(3, measure(&format!("nftables policy (round {})", i + 1)));
+        drop(driver);
+        node.exec("nft")
+            .args(["delete", "table", "inet", &NftConfig::default().table])
+            .status()
+            .unwrap();
+        if linear {
+            // The programs walking every step (no index): how the first milestones ran.
+            let mut syncer = margay_bpf::sync::Syncer::new(Default::default());
+            syncer.set_index(false);
+            let maps = in_ns(node, || {
+                let mut maps = margay_bpf::loader::BpfMaps::load(&pins).unwrap();
+                syncer.sync(model, &mut maps).unwrap();
+                maps
+            });
+            add(
+                4,
+                measure(&format!("eBPF policy without the index (round {})", i + 1)),
+            );
+            drop(maps);
+            margay_bpf::inspect::remove_pins(&pins).unwrap();
+        }
     }
-    switch.set_enabled(false).unwrap();
-    stop.store(true, Ordering::Relaxed);
-    let drops = t.join().unwrap();
     let n = rounds.max(1) as f64;
-    let (tput, rate) = (off.0 / n, off.1 / n);
-    let (ftput, frate) = (on.0 / n, on.1 / n);
+    let avg = sum.map(|(t, r)| (t / n, r / n));
+    let pct = |a: f64, b: f64| 100.0 * a / b.max(f64::MIN_POSITIVE);
     println!(
-        "eBPF policy: throughput {:.0}%, connection rate {:.0}% of no-rules",
-        100.0 * tput / base.0.max(f64::MIN_POSITIVE),
-        100.0 * rate / base.1.max(f64::MIN_POSITIVE)
+        "averages over {rounds} rounds: no rules {:.2} Gbit/s {:.0}/s; eBPF {:.2} Gbit/s {:.0}/s; eBPF + flow events {:.2} Gbit/s {:.0}/s; nftables {:.2} Gbit/s {:.0}/s",
+        avg[0].0, avg[0].1, avg[1].0, avg[1].1, avg[2].0, avg[2].1, avg[3].0, avg[3].1
     );
+    println!(
+        "eBPF policy: throughput {:.0}%, connection rate {:.0}% of no-rules; vs nftables: throughput {:.0}%, connection rate {:.0}%",
+        pct(avg[1].0, avg[0].0),
+        pct(avg[1].1, avg[0].1),
+        pct(avg[1].0, avg[3].0),
+        pct(avg[1].1, avg[3].1)
+    );
+    if linear {
+        println!(
+            "eBPF without the index: {:.2} Gbit/s {:.0}/s (throughput {:.0}%, connection rate {:.0}% of no-rules)",
+            avg[4].0,
+            avg[4].1,
+            pct(avg[4].0, avg[0].0),
+            pct(avg[4].1, avg[0].1)
+        );
+    }
     println!(
         "eBPF flow events: {} read ({} named a rule), {drops} dropped (ring buffer full); throughput {:.0}%, connection rate {:.0}% of the same policy without flow events",
         read.load(Ordering::Relaxed),
         named.load(Ordering::Relaxed),
-        100.0 * ftput / tput.max(f64::MIN_POSITIVE),
-        100.0 * frate / rate.max(f64::MIN_POSITIVE)
+        pct(avg[2].0, avg[1].0),
+        pct(avg[2].1, avg[1].1)
     );
-    // Detach: removing the pins removes the links.
-    drop(maps);
-    let _ = margay_bpf::inspect::remove_pins(&pins);
 }
