@@ -44,12 +44,42 @@ pub fn tor_config(tor: &TorState, nodes: &[NodeState]) -> String {
     s
 }
 
-/// The BGPPeer that makes every node peer with the ToR.
+/// The ToR's bird6.cfg on a dual-stack lab: the same eBGP sessions over IPv6 with every
+/// node's IPv6 address, learning their IPv6 blocks. `None` without IPv6.
+pub fn tor_config6(tor: &TorState, nodes: &[NodeState]) -> Option<String> {
+    let ip6 = tor.ip6.as_ref()?;
+    let mut s = format!(
+        "# The lab's top-of-rack router, IPv6 (written by margay lab; not a margay node).\n\
+         router id {ip};\n\
+         protocol device {{ scan time 2; }}\n\
+         protocol kernel {{\n  scan time 2;\n  ipv6 {{ import none; export all; }};\n}}\n\
+         template bgp node_template {{\n  local {ip6} as {asn};\n  graceful restart off;\n  connect delay time 1;\n  connect retry time 2;\n  error wait time 1,5;\n  ipv6 {{ import all; export none; }};\n}}\n",
+        ip = tor.ip,
+        asn = tor.asn
+    );
+    for n in nodes {
+        let Some(n6) = &n.ip6 else { continue };
+        s.push_str(&format!(
+            "protocol bgp {} from node_template {{\n  neighbor {n6} as {NODE_AS};\n}}\n",
+            tor_protocol_name(&n.name),
+        ));
+    }
+    Some(s)
+}
+
+/// The BGPPeer that makes every node peer with the ToR (and, dual-stack, its IPv6 twin).
 pub fn tor_peer_yaml(tor: &TorState) -> String {
-    format!(
+    let mut s = format!(
         "apiVersion: projectcalico.org/v3\nkind: BGPPeer\nmetadata:\n  name: lab-tor\nspec:\n  peerIP: {}\n  asNumber: {}\n",
         tor.ip, tor.asn
-    )
+    );
+    if let Some(ip6) = &tor.ip6 {
+        s.push_str(&format!(
+            "---\napiVersion: projectcalico.org/v3\nkind: BGPPeer\nmetadata:\n  name: lab-tor-v6\nspec:\n  peerIP: {ip6}\n  asNumber: {}\n",
+            tor.asn
+        ));
+    }
+    s
 }
 
 /// One node's BGP sessions as its BIRD reports them.
@@ -83,20 +113,30 @@ pub fn expected_sessions(st: &LabState) -> usize {
 pub fn wait_established(st: &LabState, limit: Duration) -> Result<Duration, LabError> {
     let started = Instant::now();
     let want = expected_sessions(st);
+    // Dual-stack: the IPv6 BIRD's sessions too (the mesh, and the ToR's IPv6 twin).
+    let sockets = |n: &NodeState| {
+        let mut v = vec![(st.bird_socket(&n.name), want, "")];
+        if st.ipv6 {
+            v.push((st.bird6_socket(&n.name), want, " (IPv6)"));
+        }
+        v
+    };
     loop {
         let mut missing = Vec::new();
         for n in &st.nodes {
-            match node_sessions(st, &n.name) {
-                Ok(p) if p.len() >= want && p.iter().all(BgpPeer::is_established) => {}
-                Ok(p) => missing.push(format!(
-                    "{}: {}",
-                    n.name,
-                    p.iter()
-                        .map(|p| format!("{} {}", p.peer_ip, p.info_column()))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
-                Err(e) => missing.push(format!("{}: {e}", n.name)),
+            for (socket, want, fam) in sockets(n) {
+                match sessions(&socket) {
+                    Ok(p) if p.len() >= want && p.iter().all(BgpPeer::is_established) => {}
+                    Ok(p) => missing.push(format!(
+                        "{}{fam}: {}",
+                        n.name,
+                        p.iter()
+                            .map(|p| format!("{} {}", p.peer_ip, p.info_column()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                    Err(e) => missing.push(format!("{}{fam}: {e}", n.name)),
+                }
             }
         }
         if missing.is_empty() {
@@ -114,7 +154,17 @@ pub fn wait_established(st: &LabState, limit: Duration) -> Result<Duration, LabE
 
 /// The `proto bird` routes in a node's (or the ToR's) main table, as `ip route` prints them.
 pub fn bird_routes(netns: &str) -> Result<Vec<String>, LabError> {
-    Ok(crate::net::ip(netns, &["route", "show", "proto", "bird"])?
+    bird_routes_of(netns, false)
+}
+
+/// [`bird_routes`] of one family (`ip -6 route` with `v6`).
+pub fn bird_routes_of(netns: &str, v6: bool) -> Result<Vec<String>, LabError> {
+    let args: &[&str] = if v6 {
+        &["-6", "route", "show", "proto", "bird"]
+    } else {
+        &["route", "show", "proto", "bird"]
+    };
+    Ok(crate::net::ip(netns, args)?
         .lines()
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
@@ -140,6 +190,16 @@ pub fn wait_routes(st: &LabState, limit: Duration) -> Result<Duration, LabError>
                     missing.push(format!("{} has no route via {}", n.name, h.name));
                 }
             }
+            if st.ipv6 {
+                let routes = bird_routes_of(&n.netns, true)?;
+                for h in hosting.iter().filter(|h| h.name != n.name) {
+                    let Some(ip6) = &h.ip6 else { continue };
+                    let via = format!(" via {ip6} ");
+                    if !routes.iter().any(|r| r.contains(&via)) {
+                        missing.push(format!("{} has no IPv6 route via {}", n.name, h.name));
+                    }
+                }
+            }
         }
         if missing.is_empty() {
             return Ok(started.elapsed());
@@ -158,8 +218,20 @@ pub fn wait_routes(st: &LabState, limit: Duration) -> Result<Duration, LabError>
 pub fn render_status(st: &LabState) -> String {
     let mut s =
         String::from("BGP NODE  PEER ADDRESS    PEER TYPE           STATE  SINCE         INFO\n");
-    for n in &st.nodes {
-        match node_sessions(st, &n.name) {
+    // Dual-stack nodes run a second BIRD for IPv6: its sessions follow the IPv4 ones.
+    let sockets: Vec<(&NodeState, std::path::PathBuf)> = st
+        .nodes
+        .iter()
+        .map(|n| (n, st.bird_socket(&n.name)))
+        .chain(
+            st.nodes
+                .iter()
+                .filter(|_| st.ipv6)
+                .map(|n| (n, st.bird6_socket(&n.name))),
+        )
+        .collect();
+    for (n, socket) in sockets {
+        match sessions(&socket) {
             Ok(peers) if peers.is_empty() => s.push_str(&format!("{:<9} (no peers)\n", n.name)),
             Ok(peers) => {
                 for p in peers {
@@ -229,6 +301,57 @@ mod tests {
         assert_eq!(expected_sessions(&st), 3);
         assert!(tor_peer_yaml(&tor).contains("peerIP: 172.30.0.2\n  asNumber: 65000"));
         assert_eq!(tor_protocol_name("rack-1"), "node_rack_1");
+        assert_eq!(tor_config6(&tor, &st.nodes), None, "IPv4-only lab");
+    }
+
+    #[test]
+    fn dual_stack_tor_peers_over_ipv6_too() {
+        let st = LabState::new(
+            "t",
+            Path::new("/tmp/t"),
+            "local",
+            "bird",
+            default_topology(2),
+        )
+        .with_tor(65000)
+        .with_ipv6();
+        let tor = st.tor.clone().unwrap();
+        let cfg = tor_config6(&tor, &st.nodes).unwrap();
+        assert!(cfg.contains("router id 172.30.0.2;"), "{cfg}");
+        assert!(cfg.contains("local fd00:172:30::2 as 65000;"), "{cfg}");
+        assert!(cfg.contains("ipv6 { import all; export none; };"), "{cfg}");
+        assert!(
+            cfg.contains(
+                "protocol bgp node_node2 from node_template {\n  neighbor fd00:172:30::12 as 64512;"
+            ),
+            "{cfg}"
+        );
+        let peers = tor_peer_yaml(&tor);
+        assert!(
+            peers.contains("name: lab-tor-v6\nspec:\n  peerIP: fd00:172:30::2\n  asNumber: 65000"),
+            "{peers}"
+        );
+        // BIRD itself accepts it (when installed).
+        if std::process::Command::new("bird")
+            .arg("--version")
+            .output()
+            .is_ok()
+        {
+            let dir = tempfile::tempdir().unwrap();
+            let f = dir.path().join("tor6.cfg");
+            std::fs::write(&f, cfg).unwrap();
+            let out = std::process::Command::new("bird")
+                .arg("-p")
+                .arg("-c")
+                .arg(&f)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 
     /// BIRD itself accepts the ToR's configuration (`bird -p` only parses; nothing runs).

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::k8s;
 use crate::net::{self, LabError, other};
-use crate::state::{FABRIC_PREFIX, LabState, POD_CIDR, check_name};
+use crate::state::{FABRIC_PREFIX, FABRIC_PREFIX_V6, LabState, POD_CIDR, POD_CIDR_V6, check_name};
 use crate::topology::{Topology, default_topology};
 
 // One module per command group; this file keeps the arguments and the dispatch.
@@ -111,6 +111,12 @@ pub enum LabCommand {
         /// The ToR's AS number.
         #[arg(long, default_value_t = 65000)]
         tor_as: u32,
+        /// Dual-stack: IPv6 on the fabric (fd00:172:30::/64), every node detecting its IPv6
+        /// address (IP6=autodetect), an IPv6 pool (fd00:10:244::/64) beside the IPv4 one, and
+        /// pods with one address of each family (CNI `assign_ipv6`). Probe IPv6 with
+        /// `probe --family 6` / `matrix --family 6`.
+        #[arg(long)]
+        ipv6: bool,
     },
     /// Nodes, pods, addresses and health.
     Status {
@@ -143,6 +149,9 @@ pub enum LabCommand {
         /// Print the server's answer: the pod that answered and the client address it saw.
         #[arg(long)]
         show: bool,
+        /// 4, or 6: reach a pod or node at its IPv6 address (a lab made with `up --ipv6`).
+        #[arg(long, default_value_t = 4)]
+        family: u8,
     },
     /// Every pod to every pod, in parallel.
     Matrix {
@@ -165,6 +174,9 @@ pub enum LabCommand {
         /// after the pods').
         #[arg(long = "service")]
         services: Vec<String>,
+        /// 4, or 6: probe the pods' IPv6 addresses (a lab made with `up --ipv6`).
+        #[arg(long, default_value_t = 4)]
+        family: u8,
     },
     /// Every node's recent flows, merged by time: who connected to whom and which rule
     /// decided (each node's `margay flows`).
@@ -255,6 +267,9 @@ pub enum LabCommand {
         /// checked to refuse another pod.
         #[arg(long, value_name = "N")]
         pod_ready: Option<usize>,
+        /// 4, or 6: measure between the pods' IPv6 addresses (a lab made with `up --ipv6`).
+        #[arg(long, default_value_t = 4)]
+        family: u8,
     },
     /// The lab's Kubernetes API server (started by `up --datastore kubernetes`).
     #[command(hide = true)]
@@ -369,6 +384,7 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             dataplane,
             tor,
             tor_as,
+            ipv6,
         } => up(
             &which,
             file.as_deref(),
@@ -378,6 +394,7 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
                 backend: &backend,
                 dataplane: &dataplane,
                 tor: tor.then_some(tor_as),
+                ipv6,
             },
             out,
             err,
@@ -392,7 +409,10 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             protocol,
             timeout_ms,
             show,
-        } => probe_cmd(&which, &from, &to, port, &protocol, timeout_ms, show, out),
+            family,
+        } => probe_cmd(
+            &which, &from, &to, port, &protocol, timeout_ms, show, family, out,
+        ),
         LabCommand::Matrix {
             which,
             port,
@@ -401,8 +421,9 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             output,
             explain,
             services,
+            family,
         } => matrix_cmd(
-            &which, port, &protocol, timeout_ms, &output, explain, &services, out,
+            &which, port, &protocol, timeout_ms, &output, explain, &services, family, out,
         ),
         LabCommand::Flows {
             which,
@@ -504,7 +525,8 @@ pub fn run(args: LabArgs, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
             secs,
             policies,
             pod_ready: None,
-        } => bench(&which, secs, policies, out),
+            family,
+        } => bench(&which, secs, policies, family, out),
         LabCommand::Supervise {
             pid_file,
             log,

@@ -146,8 +146,18 @@ pub fn pod(spec: &PodSpec, node: &str) -> Value {
 
 /// The merge patch (on `pods/<n>/status`) a kubelet writes once the pod's sandbox is wired and
 /// its container runs: phase Running, the address the CNI plugin returned, the node's, the
-/// container ready.
-pub fn pod_running_patch(pod_ip: &str, host_ip: &str, container_id: &str) -> Value {
+/// container ready. A dual-stack pod's IPv6 address (`pod_ip6`) is its second `podIPs` entry,
+/// as a dual-stack kubelet reports it; Calico's endpoints take their networks from there.
+pub fn pod_running_patch(
+    pod_ip: &str,
+    pod_ip6: Option<&str>,
+    host_ip: &str,
+    container_id: &str,
+) -> Value {
+    let pod_ips: Vec<Value> = std::iter::once(pod_ip)
+        .chain(pod_ip6)
+        .map(|ip| json!({"ip": ip}))
+        .collect();
     let condition = |t: &str| json!({"type": t, "status": "True"});
     json!({"status": {
         "containerStatuses": [{
@@ -164,7 +174,7 @@ pub fn pod_running_patch(pod_ip: &str, host_ip: &str, container_id: &str) -> Val
         "hostIP": host_ip,
         "hostIPs": [{"ip": host_ip}],
         "podIP": pod_ip,
-        "podIPs": [{"ip": pod_ip}],
+        "podIPs": pod_ips,
         "conditions": [
             condition("PodReadyToStartContainers"),
             condition("Initialized"),
@@ -275,10 +285,16 @@ mod tests {
 
     #[test]
     fn the_kubelet_reports_the_pod_and_node() {
-        let s = pod_running_patch("10.244.1.2", "172.30.0.11", "c1");
+        let s = pod_running_patch("10.244.1.2", None, "172.30.0.11", "c1");
         assert_eq!(s["status"]["containerStatuses"][0]["ready"], true);
         assert_eq!(s["status"]["phase"], "Running");
-        assert_eq!(s["status"]["podIPs"][0]["ip"], "10.244.1.2");
+        assert_eq!(s["status"]["podIPs"], json!([{"ip": "10.244.1.2"}]));
+        let s = pod_running_patch("10.244.1.2", Some("fd00::2"), "172.30.0.11", "c1");
+        assert_eq!(
+            s["status"]["podIPs"],
+            json!([{"ip": "10.244.1.2"}, {"ip": "fd00::2"}])
+        );
+        assert_eq!(s["status"]["podIP"], "10.244.1.2");
         assert_eq!(s["status"]["hostIP"], "172.30.0.11");
         let n = node("node1", "172.30.0.11", false);
         assert_eq!(n["status"]["addresses"][0]["type"], "InternalIP");

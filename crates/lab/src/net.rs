@@ -2,7 +2,7 @@
 //! server that run inside pods.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -380,7 +380,10 @@ pub fn serve(
     }
     let mut threads = Vec::new();
     for &port in tcp {
-        let listener = TcpListener::bind(("0.0.0.0", port))
+        // `::` takes both families (IPv4 arrives as ::ffff:a.b.c.d); a pod without IPv6
+        // falls back to IPv4 only.
+        let listener = TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))
+            .or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
             .map_err(|e| other(format!("tcp port {port}: {e}")))?;
         let name = name.to_string();
         threads.push(std::thread::spawn(move || {
@@ -388,7 +391,7 @@ pub fn serve(
                 // The client's address as this pod sees it (after any NAT): Services'
                 // source-address tests read it.
                 let reply = match conn.peer_addr() {
-                    Ok(peer) => format!("{name} {}\n", peer.ip()),
+                    Ok(peer) => format!("{name} {}\n", peer.ip().to_canonical()),
                     Err(_) => format!("{name}\n"),
                 };
                 std::thread::spawn(move || {
@@ -400,13 +403,14 @@ pub fn serve(
         }));
     }
     for &port in udp {
-        let socket = UdpSocket::bind(("0.0.0.0", port))
+        let socket = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, port))
+            .or_else(|_| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port)))
             .map_err(|e| other(format!("udp port {port}: {e}")))?;
         let name = name.to_string();
         threads.push(std::thread::spawn(move || {
             let mut buf = [0u8; 512];
             while let Ok((_, from)) = socket.recv_from(&mut buf) {
-                let reply = format!("{name} {}\n", from.ip());
+                let reply = format!("{name} {}\n", from.ip().to_canonical());
                 let _ = socket.send_to(reply.as_bytes(), from);
             }
         }));

@@ -21,7 +21,8 @@ use crate::topology::{NamespaceSpec, PodSpec};
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// The roles `lab node stop` stops, by pid file in the node's directory (network-condition
 /// first: on SIGTERM it marks the Node's network unavailable while Felix still runs).
-const NODE_ROLES: [&str; 4] = ["network-condition", "felix", "confd", "bird"];
+// `bird6`: a dual-stack node's IPv6 BIRD (`up --ipv6 --backend bird`).
+const NODE_ROLES: [&str; 5] = ["network-condition", "felix", "confd", "bird", "bird6"];
 
 /// An exclusive lock on the lab's state, held until dropped.
 pub struct StateLock(std::fs::File);
@@ -222,9 +223,15 @@ pub fn pod_add_cmd(
         udp: udp.to_vec(),
     };
     let ip = add_pod(&mut st, api.as_ref(), spec)?;
+    // A dual-stack lab's pod has its IPv6 address too.
+    let ip6 = st
+        .pod(id)
+        .and_then(|p| p.ip6.as_deref())
+        .map(|ip6| format!(" and {ip6}"))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "pod {id} runs on {node} at {ip} (wired in {:.2} s)",
+        "pod {id} runs on {node} at {ip}{ip6} (wired in {:.2} s)",
         started.elapsed().as_secs_f64()
     );
     Ok(0)

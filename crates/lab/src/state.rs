@@ -12,6 +12,10 @@ pub const DEFAULT_STATE_ROOT: &str = "/var/run/margay/lab";
 /// The fabric's subnet: the bridge is .1, nodes are .11, .12, ...
 pub const FABRIC_PREFIX: &str = "172.30.0";
 pub const POD_CIDR: &str = "10.244.0.0/16";
+/// `--ipv6`: the fabric's IPv6 subnet (/64; the bridge is ::1, nodes ::11, ::12, ...).
+pub const FABRIC_PREFIX_V6: &str = "fd00:172:30::";
+/// `--ipv6`: the pods' IPv6 pool (Calico's default block size /122 inside it).
+pub const POD_CIDR_V6: &str = "fd00:10:244::/64";
 /// The simulated top-of-rack router's address on the fabric (`--tor`).
 pub const TOR_IP: &str = "172.30.0.2";
 /// The nodes' AS number (Calico's default).
@@ -24,6 +28,9 @@ pub struct TorState {
     pub netns: String,
     pub ip: String,
     pub asn: u32,
+    /// `--ipv6`: its IPv6 address on the fabric (a second BIRD peers with the nodes over it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +38,9 @@ pub struct NodeState {
     pub name: String,
     pub netns: String,
     pub ip: String,
+    /// `--ipv6`: its IPv6 address on the fabric.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<String>,
     /// `lab node stop` stopped its roles (Felix, and confd and BIRD with --backend bird);
     /// `lab node start` runs them again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -45,6 +55,9 @@ pub struct PodState {
     pub node: String,
     pub container_id: String,
     pub ip: Option<String>,
+    /// `--ipv6`: its IPv6 address (the CNI plugin gives a pod one address of each family).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<String>,
 }
 
 impl PodState {
@@ -58,6 +71,7 @@ impl PodState {
             node: p.node.clone(),
             container_id: format!("lab{lab}{}{}{sandbox}", p.namespace, p.name).replace('-', ""),
             ip: None,
+            ip6: None,
         }
     }
 
@@ -85,6 +99,9 @@ pub struct LabState {
     /// With `--backend bird --tor`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tor: Option<TorState>,
+    /// `--ipv6`: dual-stack (IPv6 on the fabric, an IPv6 pool, pods with both families).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ipv6: bool,
 }
 
 impl LabState {
@@ -104,6 +121,7 @@ impl LabState {
                 name: n.clone(),
                 netns: format!("{prefix}{n}"),
                 ip: format!("{FABRIC_PREFIX}.{}", 11 + i),
+                ip6: None,
                 stopped: false,
             })
             .collect();
@@ -123,7 +141,20 @@ impl LabState {
             nodes,
             pods,
             tor: None,
+            ipv6: false,
         }
+    }
+
+    /// Makes the lab dual-stack: every node gets its IPv6 fabric address.
+    pub fn with_ipv6(mut self) -> LabState {
+        self.ipv6 = true;
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            n.ip6 = Some(format!("{FABRIC_PREFIX_V6}{}", 11 + i));
+        }
+        if let Some(tor) = &mut self.tor {
+            tor.ip6 = Some(format!("{FABRIC_PREFIX_V6}2"));
+        }
+        self
     }
 
     /// Adds the top-of-rack router (`mgy-<lab>-tor`) with its AS number.
@@ -132,6 +163,7 @@ impl LabState {
             netns: format!("{}tor", self.prefix),
             ip: TOR_IP.to_string(),
             asn,
+            ip6: None,
         });
         self
     }
@@ -143,6 +175,11 @@ impl LabState {
     /// A node's BIRD control socket (BGP backend).
     pub fn bird_socket(&self, node: &str) -> PathBuf {
         self.node_dir(node).join("bird.ctl")
+    }
+
+    /// A dual-stack node's IPv6 BIRD control socket (BGP backend with `--ipv6`).
+    pub fn bird6_socket(&self, node: &str) -> PathBuf {
+        self.node_dir(node).join("bird6.ctl")
     }
 
     pub fn fabric_netns(&self) -> String {

@@ -25,11 +25,16 @@ pub(crate) fn wire_pod(
     if let Some(api) = api {
         api.create(&crate::kube::PODS, &k8s::pod(&spec, &pod.node))?;
     }
-    let ip = cni(st, &pod, &spec, "ADD")?;
+    let ips = cni(st, &pod, &spec, "ADD")?;
+    let ip = ips
+        .v4
+        .or(ips.v6.clone())
+        .ok_or_else(|| other(format!("CNI ADD for {}: no address in the result", pod.id)))?;
     if api.is_none() {
         add_named_ports(st, &spec)?;
     }
     st.pods[i].ip = Some(ip.clone());
+    st.pods[i].ip6 = ips.v6;
     st.save().map_err(|e| other(e.to_string()))?;
     let pods_dir = st.dir.join("pods");
     std::fs::create_dir_all(&pods_dir).map_err(|e| other(e.to_string()))?;
@@ -63,7 +68,7 @@ pub(crate) fn wire_pod(
             &crate::kube::PODS,
             Some(&spec.namespace),
             &spec.name,
-            &k8s::pod_running_patch(&ip, &node_ip, &pod.container_id),
+            &k8s::pod_running_patch(&ip, st.pods[i].ip6.as_deref(), &node_ip, &pod.container_id),
         )?;
     }
     Ok(())
@@ -72,10 +77,17 @@ pub(crate) fn wire_pod(
 /// `bird -f` inside `netns`, config `<dir>/confd/bird.cfg` (a node) or `<dir>/bird.cfg`
 /// (the ToR), socket `<dir>/bird.ctl`.
 pub(super) fn bird_argv(netns: &str, dir: &Path) -> Vec<String> {
+    bird_argv_named(netns, dir, "bird")
+}
+
+/// [`bird_argv`] for the BIRD named `name`: `bird` (IPv4, `bird.cfg`) or, on a dual-stack
+/// node, `bird6` (IPv6: `bird6.cfg`, `bird6.ctl`), a second BIRD 2 as calico-node runs bird6.
+pub(super) fn bird_argv_named(netns: &str, dir: &Path, name: &str) -> Vec<String> {
+    let file = format!("{name}.cfg");
     let cfg = if dir.join("confd").is_dir() {
-        dir.join("confd").join("bird.cfg")
+        dir.join("confd").join(&file)
     } else {
-        dir.join("bird.cfg")
+        dir.join(&file)
     };
     vec![
         "ip".into(),
@@ -87,9 +99,9 @@ pub(super) fn bird_argv(netns: &str, dir: &Path) -> Vec<String> {
         "-c".into(),
         cfg.display().to_string(),
         "-s".into(),
-        dir.join("bird.ctl").display().to_string(),
+        dir.join(format!("{name}.ctl")).display().to_string(),
         "-P".into(),
-        dir.join("bird.pidfile").display().to_string(),
+        dir.join(format!("{name}.pidfile")).display().to_string(),
     ]
 }
 
@@ -164,7 +176,12 @@ pub(super) fn cni_conf(
         "nodename_file": dir.join("root/var/lib/calico/nodename").display().to_string(),
         "log_level": "info",
         "log_file_path": dir.join("cni.log").display().to_string(),
-        "ipam": {"type": "margay-ipam"},
+        "ipam": if st.ipv6 {
+            // Calico's IPAM assigns IPv6 only when asked (the default is IPv4 only).
+            serde_json::json!({"type": "margay-ipam", "assign_ipv6": "true"})
+        } else {
+            serde_json::json!({"type": "margay-ipam"})
+        },
         "ipam_lock_file": dir.join("ipam.lock").display().to_string(),
         "endpoint_status_dir": dir.join("status/endpoint-status").display().to_string(),
         "policy_setup_timeout_seconds": 10,
@@ -215,14 +232,45 @@ pub(super) fn cni_conf(
 /// How long one CNI plugin call may take (it waits up to 10 s for Felix's endpoint status).
 pub(super) const CNI_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A pod's addresses from CNI ADD's result, one per family.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct PodIps {
+    pub(crate) v4: Option<String>,
+    pub(crate) v6: Option<String>,
+}
+
+/// The first address of each family in a CNI result's `ips`.
+pub(crate) fn result_ips(result: &Value) -> PodIps {
+    let mut ips = PodIps::default();
+    for entry in result["ips"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+        let Some(ip) = entry["address"]
+            .as_str()
+            .and_then(|a| a.split('/').next())
+            .and_then(|a| a.parse::<IpAddr>().ok())
+        else {
+            continue;
+        };
+        let slot = if ip.is_ipv4() {
+            &mut ips.v4
+        } else {
+            &mut ips.v6
+        };
+        if slot.is_none() {
+            *slot = Some(ip.to_string());
+        }
+    }
+    ips
+}
+
 /// Runs the CNI plugin for a pod as a kubelet's runtime does (CNI_* variables and nothing else
-/// but PATH, CNI_ARGS with the pod's namespace, name and sandbox); ADD returns the pod's address.
+/// but PATH, CNI_ARGS with the pod's namespace, name and sandbox); ADD returns the pod's
+/// addresses.
 pub(crate) fn cni(
     st: &LabState,
     pod: &crate::state::PodState,
     spec: &crate::topology::PodSpec,
     command: &str,
-) -> Result<String, LabError> {
+) -> Result<PodIps, LabError> {
     let node = st
         .node(&pod.node)
         .ok_or_else(|| other(format!("pod {} is on unknown node {}", pod.id, pod.node)))?;
@@ -260,13 +308,45 @@ pub(crate) fn cni(
         )));
     }
     if command != "ADD" {
-        return Ok(String::new());
+        return Ok(PodIps::default());
     }
     let result: Value = serde_json::from_str(&text)
         .map_err(|e| other(format!("CNI ADD for {}: bad result {text:?}: {e}", pod.id)))?;
-    result["ips"][0]["address"]
-        .as_str()
-        .and_then(|a| a.split('/').next())
-        .map(str::to_string)
-        .ok_or_else(|| other(format!("CNI ADD for {}: no address in {text}", pod.id)))
+    let ips = result_ips(&result);
+    if ips.v4.is_none() && ips.v6.is_none() {
+        return Err(other(format!(
+            "CNI ADD for {}: no address in {text}",
+            pod.id
+        )));
+    }
+    if st.ipv6 && ips.v6.is_none() {
+        return Err(other(format!(
+            "CNI ADD for {}: the lab is dual-stack but the result has no IPv6 address: {text}",
+            pod.id
+        )));
+    }
+    Ok(ips)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_ips_takes_one_address_per_family() {
+        let r = serde_json::json!({"ips": [
+            {"address": "fd00:10:244::5/128"},
+            {"address": "10.244.1.2/32"},
+            {"address": "10.244.1.3/32"},
+            {"address": "garbage"},
+        ]});
+        assert_eq!(
+            result_ips(&r),
+            PodIps {
+                v4: Some("10.244.1.2".into()),
+                v6: Some("fd00:10:244::5".into())
+            }
+        );
+        assert_eq!(result_ips(&serde_json::json!({})), PodIps::default());
+    }
 }

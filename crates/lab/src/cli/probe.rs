@@ -20,6 +20,34 @@ pub fn resolve_target(
     port: u16,
     udp: bool,
 ) -> Result<ProbeTarget, LabError> {
+    resolve_target_in(st, to, port, udp, 4)
+}
+
+/// `--family`: 4 or 6, anything else refused.
+pub(super) fn check_family(family: u8) -> Result<u8, LabError> {
+    match family {
+        4 | 6 => Ok(family),
+        f => Err(other(format!(
+            "--family {f}: use 4 or 6 (6 needs a dual-stack lab: `lab up --ipv6`)"
+        ))),
+    }
+}
+
+/// [`resolve_target`] in one address family: with 6 a pod or node is reached at its IPv6
+/// address (a dual-stack lab, `up --ipv6`); Services and bare addresses are what they are.
+pub fn resolve_target_in(
+    st: &LabState,
+    to: &str,
+    port: u16,
+    udp: bool,
+    family: u8,
+) -> Result<ProbeTarget, LabError> {
+    if family == 6 && !st.ipv6 {
+        return Err(other(format!(
+            "lab {:?} is IPv4 only: IPv6 probes need `margay lab up --ipv6`",
+            st.name
+        )));
+    }
     if let Some(rest) = to.strip_prefix("svc/") {
         let api = crate::ops::api_for(st)?.ok_or_else(|| {
             other(format!(
@@ -85,9 +113,16 @@ pub fn resolve_target(
         let n = st
             .node(node)
             .ok_or_else(|| other(format!("no node {node:?}")))?;
+        let ip = if family == 6 {
+            n.ip6
+                .clone()
+                .ok_or_else(|| other(format!("node {node} has no IPv6 address")))?
+        } else {
+            n.ip.clone()
+        };
         return Ok(ProbeTarget {
             label: to.to_string(),
-            ip: n.ip.clone(),
+            ip,
             port,
             udp,
         });
@@ -95,10 +130,13 @@ pub fn resolve_target(
     let dst = st
         .pod(to)
         .ok_or_else(|| other(format!("no pod {to:?} (pods: {:?})", pod_ids(st))))?;
-    let ip = dst
-        .ip
-        .as_deref()
-        .ok_or_else(|| other(format!("pod {to} has no address yet")))?;
+    let ip = if family == 6 { &dst.ip6 } else { &dst.ip };
+    let ip = ip.as_deref().ok_or_else(|| {
+        other(format!(
+            "pod {to} has no IPv{family} address{}",
+            if family == 6 { "" } else { " yet" }
+        ))
+    })?;
     Ok(ProbeTarget {
         label: to.to_string(),
         ip: ip.to_string(),
@@ -188,10 +226,11 @@ pub(super) fn probe_cmd(
     protocol: &str,
     timeout_ms: u64,
     show: bool,
+    family: u8,
     out: &mut dyn Write,
 ) -> Result<u8, LabError> {
     let st = load(which)?;
-    let target = resolve_target(&st, to, port, udp_flag(protocol)?)?;
+    let target = resolve_target_in(&st, to, port, udp_flag(protocol)?, check_family(family)?)?;
     let reply = probe_to(&st, from, &target, timeout_ms)?;
     let proto = if target.udp { "udp" } else { "tcp" };
     let _ = writeln!(
@@ -215,9 +254,21 @@ pub fn matrix(
     timeout_ms: u64,
     services: &[String],
 ) -> Result<BTreeMap<String, BTreeMap<String, bool>>, LabError> {
+    matrix_in(st, port, udp, timeout_ms, services, 4)
+}
+
+/// [`matrix`] with the pods reached at their addresses of `family` (4 or 6).
+pub fn matrix_in(
+    st: &LabState,
+    port: u16,
+    udp: bool,
+    timeout_ms: u64,
+    services: &[String],
+    family: u8,
+) -> Result<BTreeMap<String, BTreeMap<String, bool>>, LabError> {
     let mut targets: Vec<ProbeTarget> = Vec::new();
     for p in &st.pods {
-        targets.push(resolve_target(st, &p.id, port, udp)?);
+        targets.push(resolve_target_in(st, &p.id, port, udp, family)?);
     }
     // Services as extra columns (resolved once).
     for s in services {
@@ -296,11 +347,13 @@ pub(super) fn matrix_cmd(
     output: &str,
     explain: bool,
     services: &[String],
+    family: u8,
     out: &mut dyn Write,
 ) -> Result<u8, LabError> {
     let st = load(which)?;
     let since = now_ms();
-    let m = matrix(&st, port, udp_flag(protocol)?, timeout_ms, services)?;
+    let family = check_family(family)?;
+    let m = matrix_in(&st, port, udp_flag(protocol)?, timeout_ms, services, family)?;
     if explain {
         // The flow records of the matrix's denied probes (flows are closed every second).
         std::thread::sleep(Duration::from_millis(1500));
@@ -313,7 +366,17 @@ pub(super) fn matrix_cmd(
             },
         )?;
         let proto = if udp_flag(protocol)? { 17 } else { 6 };
-        let ip_of = |id: &str| st.pod(id).and_then(|p| p.ip.clone()).unwrap_or_default();
+        let ip_of = |id: &str| {
+            st.pod(id)
+                .and_then(|p| {
+                    if family == 6 {
+                        p.ip6.clone()
+                    } else {
+                        p.ip.clone()
+                    }
+                })
+                .unwrap_or_default()
+        };
         let mut lines = Vec::new();
         for (from, row) in &m {
             for (to, ok) in row {
@@ -661,9 +724,17 @@ pub(super) fn bench(
     which: &Which,
     secs: u64,
     policies: usize,
+    family: u8,
     out: &mut dyn Write,
 ) -> Result<u8, LabError> {
+    let family = check_family(family)?;
     let st = load(which)?;
+    if family == 6 && !st.ipv6 {
+        return Err(other(format!(
+            "lab {:?} is IPv4 only: --family 6 needs `margay lab up --ipv6`",
+            st.name
+        )));
+    }
     // Client and server on different nodes when there are two.
     let client = st
         .pods
@@ -675,10 +746,9 @@ pub(super) fn bench(
         .find(|p| p.node != client.node)
         .or_else(|| st.pods.get(1))
         .ok_or_else(|| other("the bench needs two pods"))?;
-    let server_ip = server
-        .ip
+    let server_ip = if family == 6 { &server.ip6 } else { &server.ip }
         .clone()
-        .ok_or_else(|| other("the server pod has no address"))?;
+        .ok_or_else(|| other(format!("the server pod has no IPv{family} address")))?;
     let mut rows = Vec::new();
     // Baseline: two throw-away namespaces joined by a bare veth pair.
     let a = format!("{}bench-a", st.prefix);
@@ -702,8 +772,11 @@ pub(super) fn bench(
     rows.push(("bare veth pair (no margay)".to_string(), baseline?));
     rows.push((
         format!(
-            "{} -> {} (other node, VXLAN), no policy",
-            client.id, server.id
+            "{} -> {} (other node, {}{}), no policy",
+            client.id,
+            server.id,
+            if st.backend == "bird" { "BGP" } else { "VXLAN" },
+            if family == 6 { ", IPv6" } else { "" }
         ),
         measure(&client.netns, &server.netns, &server_ip, secs)?,
     ));
@@ -749,4 +822,78 @@ pub(super) fn bench(
         );
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod family_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::state::PodState;
+
+    fn lab(ipv6: bool) -> LabState {
+        let mut st = LabState::new(
+            "t",
+            Path::new("/tmp/t"),
+            "local",
+            "vxlan",
+            default_topology(2),
+        );
+        if ipv6 {
+            st = st.with_ipv6();
+        }
+        let pod: &mut PodState = &mut st.pods[0];
+        pod.ip = Some("10.244.1.2".into());
+        pod.ip6 = ipv6.then(|| "fd00:10:244::2".to_string());
+        st
+    }
+
+    #[test]
+    fn targets_in_each_family() {
+        let st = lab(true);
+        let t = resolve_target_in(&st, "x/a", 80, false, 6).unwrap();
+        assert_eq!(t.ip, "fd00:10:244::2");
+        assert_eq!(
+            resolve_target_in(&st, "x/a", 80, false, 4).unwrap().ip,
+            "10.244.1.2"
+        );
+        assert_eq!(
+            resolve_target_in(&st, "node/node2", 80, false, 6)
+                .unwrap()
+                .ip,
+            "fd00:172:30::12"
+        );
+        assert_eq!(
+            resolve_target_in(&st, "node/node2", 80, false, 4)
+                .unwrap()
+                .ip,
+            "172.30.0.12"
+        );
+        // A pod without its IPv6 address yet is an error naming it, never a wrong target.
+        let e = resolve_target_in(&st, "x/b", 80, false, 6).unwrap_err();
+        assert!(e.to_string().contains("pod x/b has no IPv6 address"), "{e}");
+    }
+
+    #[test]
+    fn ipv6_probes_need_a_dual_stack_lab_and_families_are_4_or_6() {
+        let e = resolve_target_in(&lab(false), "x/a", 80, false, 6).unwrap_err();
+        assert!(e.to_string().contains("lab up --ipv6"), "{e}");
+        for bad in [0, 5, 46, 255] {
+            let e = check_family(bad).unwrap_err();
+            assert!(e.to_string().contains("use 4 or 6"), "{e}");
+        }
+        assert_eq!(check_family(6).unwrap(), 6);
+    }
+
+    #[test]
+    fn old_state_files_load_as_ipv4_only() {
+        // A state file written before --ipv6 existed (no ipv6/ip6 fields).
+        let mut v = serde_json::to_value(lab(false)).unwrap();
+        assert!(v.get("ipv6").is_none() && v["nodes"][0].get("ip6").is_none());
+        v["pods"][0].as_object_mut().unwrap().remove("ip6");
+        let st: LabState = serde_json::from_value(v).unwrap();
+        assert!(!st.ipv6 && st.nodes[0].ip6.is_none() && st.pods[0].ip6.is_none());
+        let dual: LabState =
+            serde_json::from_value(serde_json::to_value(lab(true)).unwrap()).unwrap();
+        assert_eq!(dual, lab(true));
+    }
 }

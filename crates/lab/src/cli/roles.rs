@@ -201,7 +201,6 @@ pub(crate) fn node_startup(st: &LabState, node: &crate::state::NodeState) -> Res
         .arg(dir.join("root"))
         .env("NODENAME", &node.name)
         .env("IP", "autodetect")
-        .env("IP6", "none")
         .env(
             "CALICO_IPV4POOL_VXLAN",
             if bird { "Never" } else { "Always" },
@@ -213,6 +212,20 @@ pub(crate) fn node_startup(st: &LabState, node: &crate::state::NodeState) -> Res
             if bird { "bird" } else { "vxlan" },
         )
         .env("CALICO_STARTUP_LOGLEVEL", "warning");
+    if st.ipv6 {
+        // Dual-stack as an operator configures calico-node: IPv6 is detected only when asked
+        // for, the pool's CIDR given (kubeadm's podSubnet is IPv4 only here).
+        c.env("IP6", "autodetect")
+            .env("IP6_AUTODETECTION_METHOD", "interface=eth0")
+            .env("CALICO_IPV6POOL_CIDR", POD_CIDR_V6)
+            .env(
+                "CALICO_IPV6POOL_VXLAN",
+                if bird { "Never" } else { "Always" },
+            )
+            .env("FELIX_IPV6SUPPORT", "true");
+    } else {
+        c.env("IP6", "none");
+    }
     if st.is_kubernetes() {
         // As on a cluster: the address the kubelet registered (the Node's InternalIP), and
         // the pool from kubeadm's podSubnet (kube-system/kubeadm-config, made by `up`).
@@ -313,7 +326,20 @@ pub(super) fn start_tor(
     let cfg = dir.join("bird.cfg");
     std::fs::write(&cfg, crate::bgp::tor_config(tor, &st.nodes))
         .map_err(|e| other(format!("{}: {e}", cfg.display())))?;
-    supervise(exe, &dir, "bird", true, &[], &bird_argv(&tor.netns, &dir))
+    supervise(exe, &dir, "bird", true, &[], &bird_argv(&tor.netns, &dir))?;
+    if let Some(cfg6) = crate::bgp::tor_config6(tor, &st.nodes) {
+        let file = dir.join("bird6.cfg");
+        std::fs::write(&file, cfg6).map_err(|e| other(format!("{}: {e}", file.display())))?;
+        supervise(
+            exe,
+            &dir,
+            "bird6",
+            true,
+            &[],
+            &bird_argv_named(&tor.netns, &dir, "bird6"),
+        )?;
+    }
+    Ok(())
 }
 
 /// BGP backend: `margay confd` on a node (supervised).
@@ -350,17 +376,33 @@ pub(crate) fn start_bird(
     deadline: Instant,
 ) -> Result<(), LabError> {
     let dir = st.node_dir(&node.name);
-    let cfg = dir.join("confd").join("bird.cfg");
-    while !cfg.exists() {
-        if Instant::now() > deadline {
-            return Err(other(format!(
-                "margay confd on {} wrote no {} in time (see {})",
-                node.name,
-                cfg.display(),
-                dir.join("confd.log").display()
-            )));
+    // Dual-stack: a second BIRD for IPv6 (bird6.cfg), as calico-node runs bird and bird6.
+    let names: &[&str] = if st.ipv6 {
+        &["bird", "bird6"]
+    } else {
+        &["bird"]
+    };
+    for name in names {
+        let cfg = dir.join("confd").join(format!("{name}.cfg"));
+        while !cfg.exists() {
+            if Instant::now() > deadline {
+                return Err(other(format!(
+                    "margay confd on {} wrote no {} in time (see {})",
+                    node.name,
+                    cfg.display(),
+                    dir.join("confd.log").display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        supervise(
+            exe,
+            &dir,
+            name,
+            true,
+            &[],
+            &bird_argv_named(&node.netns, &dir, name),
+        )?;
     }
-    supervise(exe, &dir, "bird", true, &[], &bird_argv(&node.netns, &dir))
+    Ok(())
 }

@@ -78,10 +78,14 @@ pub(super) fn print_status(st: &LabState, out: &mut dyn Write) {
             .unwrap_or_default();
         let _ = writeln!(
             out,
-            "{:<9} {:<9} {:<14} {ports}",
+            "{:<9} {:<9} {:<14} {ports}{}",
             p.id,
             p.node,
-            p.ip.as_deref().unwrap_or("-")
+            p.ip.as_deref().unwrap_or("-"),
+            p.ip6
+                .as_deref()
+                .map(|ip6| format!(" (IPv6 {ip6})"))
+                .unwrap_or_default()
         );
     }
     if st.backend == "bird" {
@@ -213,7 +217,7 @@ pub(super) fn status(which: &Which, json: bool, out: &mut dyn Write) -> Result<u
                         Err(e) => serde_json::json!({"error": e}),
                     });
                 serde_json::json!({
-                    "name": n.name, "netns": n.netns, "ip": n.ip, "stopped": n.stopped,
+                    "name": n.name, "netns": n.netns, "ip": n.ip, "ip6": n.ip6, "stopped": n.stopped,
                     "ready": s.as_ref().map(|s| s["ready"].clone()),
                     "dataplane_in_sync": s.as_ref().map(|s| s["dataplane"]["in_sync"].clone()),
                     "bgp": bgp,
@@ -223,7 +227,7 @@ pub(super) fn status(which: &Which, json: bool, out: &mut dyn Write) -> Result<u
         let kubernetes = st.is_kubernetes().then(|| {
             kube_view(&st).unwrap_or_else(|e| serde_json::json!({"error": e.to_string()}))
         });
-        let doc = serde_json::json!({"name": st.name, "datastore": st.datastore, "backend": st.backend, "tor": st.tor, "nodes": nodes, "pods": st.pods, "kubernetes": kubernetes});
+        let doc = serde_json::json!({"name": st.name, "datastore": st.datastore, "backend": st.backend, "tor": st.tor, "ipv6": st.ipv6, "nodes": nodes, "pods": st.pods, "kubernetes": kubernetes});
         let _ = writeln!(
             out,
             "{}",

@@ -8,6 +8,8 @@ pub(super) struct Networking<'a> {
     /// Felix's dataplane: `linux` or `bpf`.
     pub(super) dataplane: &'a str,
     pub(super) tor: Option<u32>,
+    /// `--ipv6`: dual-stack.
+    pub(super) ipv6: bool,
 }
 
 pub(super) fn up(
@@ -66,6 +68,16 @@ pub(super) fn up(
     if networking.dataplane == "bpf" {
         st.dataplane = "bpf".into();
     }
+    if networking.ipv6 {
+        if networking.dataplane == "bpf" {
+            // margay's eBPF dataplane drops IPv6 (see ARCHITECTURE.md): a dual-stack lab on it
+            // would only show that.
+            return Err(other(
+                "--ipv6 needs --dataplane linux (the eBPF dataplane does not carry IPv6)",
+            ));
+        }
+        st = st.with_ipv6();
+    }
     let _ = std::fs::remove_dir_all(&dir);
     st.save()
         .map_err(|e| other(format!("{}: {e}", dir.display())))?;
@@ -79,7 +91,7 @@ pub(super) fn up(
             let (st, timings) = st;
             let _ = writeln!(
                 out,
-                "lab {:?} is up in {:.1} s: {} nodes, {} pods ({} datastore, {} backend{}{})",
+                "lab {:?} is up in {:.1} s: {} nodes, {} pods ({} datastore, {} backend{}{}{})",
                 st.name,
                 started.elapsed().as_secs_f64(),
                 st.nodes.len(),
@@ -87,6 +99,7 @@ pub(super) fn up(
                 st.datastore,
                 st.backend,
                 if st.tor.is_some() { ", ToR" } else { "" },
+                if st.ipv6 { ", dual-stack" } else { "" },
                 if st.dataplane == "bpf" {
                     ", eBPF dataplane"
                 } else {
@@ -133,6 +146,20 @@ pub(super) fn build(
             "br0",
         ],
     )?;
+    if st.ipv6 {
+        // nodad: the address is usable at once (a fresh namespace would run DAD first).
+        net::ip(
+            &fabric,
+            &[
+                "addr",
+                "add",
+                &format!("{FABRIC_PREFIX_V6}1/64"),
+                "dev",
+                "br0",
+                "nodad",
+            ],
+        )?;
+    }
     net::ip(&fabric, &["link", "set", "br0", "up"])?;
     for (i, node) in st.nodes.iter().enumerate() {
         net::add_netns(&node.netns)?;
@@ -157,6 +184,12 @@ pub(super) fn build(
             &node.netns,
             &["addr", "add", &format!("{}/24", node.ip), "dev", "eth0"],
         )?;
+        if let Some(ip6) = &node.ip6 {
+            net::ip(
+                &node.netns,
+                &["addr", "add", &format!("{ip6}/64"), "dev", "eth0", "nodad"],
+            )?;
+        }
         net::ip(&node.netns, &["link", "set", "eth0", "up"])?;
         net::ip(
             &node.netns,
@@ -168,6 +201,19 @@ pub(super) fn build(
                 &format!("{FABRIC_PREFIX}.1"),
             ],
         )?;
+        if node.ip6.is_some() {
+            net::ip(
+                &node.netns,
+                &[
+                    "-6",
+                    "route",
+                    "add",
+                    "default",
+                    "via",
+                    &format!("{FABRIC_PREFIX_V6}1"),
+                ],
+            )?;
+        }
         // No forwarding sysctl here: a fresh namespace has forwarding off, like a host nobody
         // prepared, and Felix (IPForwarding) turns it on.
         std::fs::create_dir_all(st.node_dir(&node.name))
@@ -186,6 +232,14 @@ pub(super) fn build(
             &tor.netns,
             &["addr", "add", &format!("{}/24", tor.ip), "dev", "eth0"],
         )?;
+        if let Some(ip6) = &tor.ip6 {
+            net::ip(
+                &tor.netns,
+                &["addr", "add", &format!("{ip6}/64"), "dev", "eth0", "nodad"],
+            )?;
+            // The ToR is not margay's: the lab prepares it as its operator would.
+            net::sysctl(&tor.netns, "net.ipv6.conf.all.forwarding", "1")?;
+        }
         net::ip(&tor.netns, &["link", "set", "eth0", "up"])?;
         net::sysctl(&tor.netns, "net.ipv4.ip_forward", "1")?;
     }

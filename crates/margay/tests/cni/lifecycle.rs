@@ -185,6 +185,32 @@ fn dual_stack_pods_reach_each_other() {
     ping(&a.ns, &ib[1]);
     ping(&b.ns, &ia[0]);
     ping(&b.ns, &ia[1]);
+    // The host namespace reaches a pod's IPv6 address over its /128 route, and the host side
+    // carries the IPv6 settings Calico's plugin sets (the test never sets them).
+    let a6 = ia.iter().find(|ip| ip.contains(':')).unwrap();
+    ping(node.host(), a6);
+    let host_veth = ra["interfaces"][0]["name"].as_str().unwrap();
+    let hroutes = node.host().ip(&["-6", "route", "show", a6]).unwrap();
+    assert!(hroutes.contains(&format!("dev {host_veth}")), "{hroutes}");
+    let sysctls = node
+        .host()
+        .exec("sh")
+        .arg("-c")
+        .arg(format!(
+            "cd /proc/sys/net/ipv6/conf/{host_veth} && cat accept_dad disable_ipv6 proxy_ndp forwarding accept_ra"
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&sysctls.stdout), "0\n0\n1\n1\n0\n");
+    let inside =
+        a.ns.exec("cat")
+            .args([
+                "/proc/sys/net/ipv6/conf/eth0/accept_dad",
+                "/proc/sys/net/ipv6/conf/all/forwarding",
+            ])
+            .output()
+            .unwrap();
+    assert_eq!(String::from_utf8_lossy(&inside.stdout), "0\n0\n");
     for (p, r) in [(&a, &ra), (&b, &rb)] {
         let o = node.check(p, &conf, r);
         assert!(o.status.success(), "{}", show(&o));
